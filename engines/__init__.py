@@ -1,0 +1,1 @@
+"""Engine adapters: one module per engine, each importing its engine lazily."""

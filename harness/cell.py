@@ -1,0 +1,121 @@
+"""One matrix cell as a workload sees it: identity, parameters, and the result it reports.
+
+Workloads call ``Cell.finish`` once with their metrics and validity evidence; the
+plugin turns the cell into a record whatever happened (ok, invalid, failed, skipped).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.records import CellRecord, Headline, ParamValue, Status, ValidityInfo
+from harness.store import utcnow
+from harness.validity import Evidence, Policy, Validity, judge
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]+")
+
+
+def make_cell_id(workload: str, engine: str, params: Mapping[str, ParamValue]) -> str:
+    parts = [workload, engine, *(f"{k}={_fmt(v)}" for k, v in params.items())]
+    return _UNSAFE.sub("-", ".".join(parts)).strip(".-")
+
+
+def _fmt(value: ParamValue) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class CellResult:
+    metrics: dict[str, Any]
+    samples: dict[str, list[float]]
+    histograms: dict[str, dict[str, int]]
+    headline: tuple[Headline, ...]
+    window: dict[str, float | int]
+    seeds: dict[str, int]
+    validity: Validity
+
+
+@dataclass
+class Cell:
+    run_id: str
+    cell_id: str
+    workload: str
+    engine: str
+    params: dict[str, ParamValue]
+    policy: Policy
+    environment: dict[str, Any]
+    started_at: str = field(default_factory=utcnow)
+    _t0: float = field(default_factory=time.monotonic)
+    engine_info: dict[str, Any] = field(default_factory=dict)
+    result: CellResult | None = None
+
+    def finish(
+        self,
+        *,
+        metrics: dict[str, Any],
+        evidence: Evidence,
+        headline: Sequence[Headline],
+        samples: dict[str, list[float]] | None = None,
+        histograms: dict[str, dict[str, int]] | None = None,
+        window: dict[str, float | int] | None = None,
+        seeds: dict[str, int] | None = None,
+    ) -> Validity:
+        """Store the measured result; the validity verdict is decided here, once."""
+        if self.result is not None:
+            raise RuntimeError(f"cell {self.cell_id} already finished")
+        validity = judge(evidence, self.policy)
+        self.result = CellResult(
+            metrics=metrics,
+            samples=samples or {},
+            histograms=histograms or {},
+            headline=tuple(headline),
+            window=window or {},
+            seeds=seeds or {},
+            validity=validity,
+        )
+        return validity
+
+    def record(self, status: Status | None = None, reasons: Sequence[str] = ()) -> CellRecord:
+        """The record for this cell; ``status`` None means: as the result says."""
+        res = self.result
+        if status is None:
+            if res is None:
+                status, reasons = Status.FAILED, ["the workload ended without reporting a result"]
+            else:
+                valid = res.validity.reasons == ()
+                status = Status.OK if valid else Status.INVALID
+                reasons = list(res.validity.reasons)
+        keep = res is not None and status in (Status.OK, Status.INVALID)
+        return CellRecord(
+            run_id=self.run_id,
+            cell_id=self.cell_id,
+            workload=self.workload,
+            engine=self.engine,
+            params=self.params,
+            status=status,
+            reasons=tuple(reasons),
+            started_at=self.started_at,
+            finished_at=utcnow(),
+            duration_s=round(time.monotonic() - self._t0, 6),
+            engine_info=self.engine_info,
+            environment=self.environment,
+            seeds=res.seeds if res else {},
+            window=res.window if res and keep else {},
+            metrics=res.metrics if res and keep else {},
+            samples=res.samples if res and keep else {},
+            histograms=res.histograms if res and keep else {},
+            headline=res.headline if res else (),
+            validity=_validity_info(res.validity) if res and keep else None,
+        )
+
+
+def _validity_info(v: Validity) -> ValidityInfo:
+    return ValidityInfo(verdict=v.verdict.value, reasons=v.reasons, warnings=v.warnings)

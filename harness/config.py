@@ -1,0 +1,207 @@
+"""Run settings: every option validated once, at configuration time.
+
+``parse_settings`` turns raw option values into a frozen ``RunSettings`` or raises
+``UsageError`` with a message that says what was wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness import registry
+from harness.validity import Policy
+
+
+class UsageError(ValueError):
+    """A bad option value; the plugin turns it into ``pytest.UsageError``."""
+
+
+class ProfileName(enum.StrEnum):
+    QUICK = "quick"
+    FULL = "full"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How long cells measure and what they must reach to count as valid.
+
+    quick keeps every cell to seconds (CI, smoke checks); full uses windows a
+    performance engineer would trust (tens of seconds, thousands of samples).
+    """
+
+    name: ProfileName
+    window_s: float
+    requests: int
+    warmup_iterations: int
+    policy: Policy
+
+    def __post_init__(self) -> None:
+        if not self.window_s > 0 or self.requests < 1 or self.warmup_iterations < 0:
+            raise ValueError("profile windows must be positive")
+
+
+PROFILES: dict[ProfileName, Profile] = {
+    ProfileName.QUICK: Profile(
+        ProfileName.QUICK,
+        window_s=4.0,
+        requests=300,
+        warmup_iterations=10,
+        policy=Policy(min_window_s=1.0, min_samples=100, max_lag_p99_s=0.005),
+    ),
+    ProfileName.FULL: Profile(
+        ProfileName.FULL,
+        window_s=60.0,
+        requests=5000,
+        warmup_iterations=200,
+        policy=Policy(min_window_s=30.0, min_samples=1000, max_lag_p99_s=0.002),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    engines: tuple[str, ...]
+    device: str
+    profile: Profile
+    results_dir: Path
+    seed: int
+    model: Path | None = None
+    dims: Mapping[str, int] = field(default_factory=dict)
+    engine_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "engines": list(self.engines),
+            "device": self.device,
+            "profile": self.profile.name.value,
+            "window_s": self.profile.window_s,
+            "requests": self.profile.requests,
+            "warmup_iterations": self.profile.warmup_iterations,
+            "results_dir": str(self.results_dir),
+            "seed": self.seed,
+            "model": str(self.model) if self.model else None,
+            "dims": dict(self.dims),
+            "engine_options": {k: dict(v) for k, v in self.engine_options.items()},
+        }
+
+
+def _split_engines(values: Iterable[str]) -> tuple[str, ...]:
+    names: list[str] = []
+    for value in values:
+        for name in value.split(","):
+            name = name.strip()
+            if name and name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+def _engines(values: Sequence[str] | None) -> tuple[str, ...]:
+    names = _split_engines(values or ["onnxruntime"])
+    known = registry.names()
+    for name in names:
+        if name not in known:
+            raise UsageError(str(registry.UnknownEngine(name, known)))
+    return names
+
+
+def _profile(name: str, window: float | None, requests: int | None) -> Profile:
+    try:
+        base = PROFILES[ProfileName(name)]
+    except ValueError:
+        choices = ", ".join(p.value for p in ProfileName)
+        raise UsageError(f"--profile {name!r} is not a profile; choose one of: {choices}") from None
+    if window is not None:
+        if not (math.isfinite(window) and window > 0):
+            raise UsageError(f"--window must be a positive number of seconds, got {window}")
+        base = replace(base, window_s=window)
+    if requests is not None:
+        if requests < 1:
+            raise UsageError(f"--requests must be >= 1, got {requests}")
+        base = replace(base, requests=requests)
+    return base
+
+
+def _device(device: str) -> str:
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise UsageError(f"--device {device!r}: use cpu, cuda or cuda:N")
+    return device
+
+
+def _model(model: str | None) -> Path | None:
+    if model is None:
+        return None
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise UsageError(f"--model {model!r} does not exist; give a local model file or directory")
+    return path.resolve()
+
+
+def _pairs(values: Sequence[str] | None, option: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values or ():
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip() or not val.strip():
+            raise UsageError(f"{option} {item!r}: expected KEY=VALUE")
+        out[key.strip()] = val.strip()
+    return out
+
+
+def _dims(values: Sequence[str] | None) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for key, val in _pairs(values, "--dim").items():
+        if not val.isdigit() or int(val) < 1:
+            raise UsageError(f"--dim {key}={val}: the size must be a positive integer")
+        dims[key] = int(val)
+    return dims
+
+
+def _engine_options(values: Sequence[str] | None, engines: Sequence[str]) -> dict[str, dict[str, str]]:
+    by_engine: dict[str, dict[str, str]] = {name: {} for name in engines}
+    for key, val in _pairs(values, "--engine-opt").items():
+        engine, dot, opt = key.partition(".")
+        if not dot or engine not in by_engine:
+            raise UsageError(
+                f"--engine-opt {key}={val}: expected ENGINE.OPTION=VALUE with ENGINE one of"
+                f" {', '.join(engines)}"
+            )
+        by_engine[engine][opt] = val
+    for engine, opts in by_engine.items():
+        try:
+            registry.load(engine).validate_options(opts)
+        except ValueError as exc:
+            raise UsageError(f"--engine-opt for {engine}: {exc}") from None
+    return by_engine
+
+
+def parse_settings(
+    *,
+    engines: Sequence[str] | None,
+    device: str,
+    profile: str,
+    results_dir: str,
+    seed: int,
+    model: str | None = None,
+    window: float | None = None,
+    requests: int | None = None,
+    dims: Sequence[str] | None = None,
+    engine_options: Sequence[str] | None = None,
+) -> RunSettings:
+    names = _engines(engines)
+    if seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {seed}")
+    return RunSettings(
+        engines=names,
+        device=_device(device),
+        profile=_profile(profile, window, requests),
+        results_dir=Path(results_dir),
+        seed=seed,
+        model=_model(model),
+        dims=_dims(dims),
+        engine_options=_engine_options(engine_options, names),
+    )

