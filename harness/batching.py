@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from harness.clock import Clock
+from harness.clock import Clock, gc_paused
 from harness.engine import BatchingMode
 
 
@@ -162,6 +162,13 @@ def serve_open_loop(
     event (arrival or batch deadline), so the only harness overhead is its wake-up lag,
     which it records for every sleep.
     """
+    with gc_paused():
+        return _serve(offsets, policy, run_batch, clock)
+
+
+def _serve(
+    offsets: npt.NDArray[np.float64], policy: BatchPolicy, run_batch: RunBatch, clock: Clock
+) -> ServeTrace:
     n = int(offsets.size)
     start = clock.now()
     t_sched = start + np.asarray(offsets, dtype=np.float64)

@@ -51,7 +51,9 @@ PROFILES: dict[ProfileName, Profile] = {
         window_s=4.0,
         requests=300,
         warmup_iterations=10,
-        policy=Policy(min_window_s=1.0, min_samples=100, max_lag_p99_s=0.005),
+        # Smoke-level lag bound: shared 2-core CI machines show scheduler stalls of
+        # several ms; lag only ever inflates the latency measured from t_sched.
+        policy=Policy(min_window_s=1.0, min_samples=100, max_lag_p99_s=0.020),
     ),
     ProfileName.FULL: Profile(
         ProfileName.FULL,
@@ -93,8 +95,8 @@ class RunSettings:
 def _split_engines(values: Iterable[str]) -> tuple[str, ...]:
     names: list[str] = []
     for value in values:
-        for name in value.split(","):
-            name = name.strip()
+        for part in value.split(","):
+            name = part.strip()
             if name and name not in names:
                 names.append(name)
     return tuple(names)
@@ -161,7 +163,9 @@ def _dims(values: Sequence[str] | None) -> dict[str, int]:
     return dims
 
 
-def _engine_options(values: Sequence[str] | None, engines: Sequence[str]) -> dict[str, dict[str, str]]:
+def _engine_options(
+    values: Sequence[str] | None, engines: Sequence[str]
+) -> dict[str, dict[str, str]]:
     by_engine: dict[str, dict[str, str]] = {name: {} for name in engines}
     for key, val in _pairs(values, "--engine-opt").items():
         engine, dot, opt = key.partition(".")

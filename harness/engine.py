@@ -83,10 +83,7 @@ class Capabilities:
         lacking: list[str] = []
         for key, wanted in required.items():
             have = getattr(self, key, None)
-            if isinstance(have, frozenset):
-                ok = wanted in have
-            else:
-                ok = have == wanted
+            ok = wanted in have if isinstance(have, frozenset) else have == wanted
             if not ok:
                 lacking.append(f"{key}={wanted}")
         return lacking
@@ -201,8 +198,11 @@ class GenerativeEngine(Engine, Protocol):
 class EngineFactory(Protocol):
     """An adapter class: constructing it must not import or start the engine."""
 
-    name: ClassVar[str]
-    capabilities: ClassVar[Capabilities]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     def __call__(self, config: EngineConfig) -> Engine: ...
 

@@ -43,7 +43,11 @@ def fingerprint() -> dict[str, Any]:
     return {
         "cpu": _cpu(),
         "memory_bytes": int(psutil.virtual_memory().total),
-        "os": {"system": platform.system(), "release": platform.release(), "machine": platform.machine()},
+        "os": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "machine": platform.machine(),
+        },
         "python": {"version": platform.python_version(), "implementation": sys.implementation.name},
         "packages": _packages(),
         "git": _git(REPO_ROOT),
@@ -92,7 +96,11 @@ def _git(root: Path) -> dict[str, Any]:
     def run(*args: str) -> str | None:
         try:
             out = subprocess.run(
-                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+                ["git", "-C", str(root), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
             )
         except (OSError, subprocess.SubprocessError):
             return None
@@ -124,7 +132,9 @@ def _gpu() -> dict[str, Any]:
                     "index": i,
                     "name": _s(pynvml.nvmlDeviceGetName(h)),
                     "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                    "sm_clock_max_mhz": int(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                    "sm_clock_max_mhz": int(
+                        pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)
+                    ),
                 }
             )
         return {

@@ -48,4 +48,5 @@ class OpenLoop:
             times = np.concatenate([times, more])
         # Shift so the first request is due at t=0: the window starts with work.
         times = times - times[0]
-        return times[times < self.duration]
+        inside: npt.NDArray[np.float64] = times[times < self.duration]
+        return inside

@@ -28,6 +28,7 @@ CELL = pytest.StashKey[Cell]()
 OUTCOME = pytest.StashKey[list[tuple[str, str, str]]]()
 
 ENGINE_ARG = "engine_name"
+NO_RESULT = "the workload ended without reporting a result (Cell.finish was never called)"
 
 
 @dataclass
@@ -40,22 +41,47 @@ class RunState:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness", "inference benchmark harness")
-    group.addoption("--engine", action="append", metavar="NAME[,NAME]",
-                    help="engine(s) to benchmark; repeat or comma-separate (default: onnxruntime)")
-    group.addoption("--model", metavar="PATH", help="run a local model instead of the embedded default")
+    group.addoption(
+        "--engine",
+        action="append",
+        metavar="NAME[,NAME]",
+        help="engine(s) to benchmark; repeat or comma-separate (default: onnxruntime)",
+    )
+    group.addoption(
+        "--model", metavar="PATH", help="run a local model instead of the embedded default"
+    )
     group.addoption("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    group.addoption("--results-dir", default="results/runs", metavar="DIR",
-                    help="where run directories are created (default: results/runs)")
-    group.addoption("--profile", default="quick",
-                    help=f"{' | '.join(p.value for p in ProfileName)}: quick keeps cells to seconds,"
-                    " full uses windows worth trusting (default: quick)")
+    group.addoption(
+        "--results-dir",
+        default="results/runs",
+        metavar="DIR",
+        help="where run directories are created (default: results/runs)",
+    )
+    group.addoption(
+        "--profile",
+        default="quick",
+        help=f"{' | '.join(p.value for p in ProfileName)}: quick keeps cells to seconds,"
+        " full uses windows worth trusting (default: quick)",
+    )
     group.addoption("--seed", type=int, default=0, help="seed for inputs and arrivals (default: 0)")
-    group.addoption("--window", type=float, metavar="SECONDS", help="override the profile's measured window")
-    group.addoption("--requests", type=int, metavar="N", help="override the profile's closed-loop request count")
-    group.addoption("--dim", action="append", metavar="NAME=SIZE",
-                    help="size for a named dynamic dimension of a --model's inputs")
-    group.addoption("--engine-opt", action="append", metavar="ENGINE.KEY=VALUE",
-                    help="adapter option, e.g. onnxruntime.intra_op_threads=2")
+    group.addoption(
+        "--window", type=float, metavar="SECONDS", help="override the profile's measured window"
+    )
+    group.addoption(
+        "--requests", type=int, metavar="N", help="override the profile's closed-loop request count"
+    )
+    group.addoption(
+        "--dim",
+        action="append",
+        metavar="NAME=SIZE",
+        help="size for a named dynamic dimension of a --model's inputs",
+    )
+    group.addoption(
+        "--engine-opt",
+        action="append",
+        metavar="ENGINE.KEY=VALUE",
+        help="adapter option, e.g. onnxruntime.intra_op_threads=2",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -93,8 +119,8 @@ def _is_cell(item: pytest.Item) -> bool:
 
 
 def _workload(item: pytest.Function) -> str:
-    name = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.name
-    return name.removeprefix("test_")
+    """The workload is the test function: ``test_batching`` -> ``batching``."""
+    return item.originalname.removeprefix("test_")
 
 
 def _params(item: pytest.Function) -> dict[str, ParamValue]:
@@ -103,7 +129,9 @@ def _params(item: pytest.Function) -> dict[str, ParamValue]:
     params.pop(ENGINE_ARG, None)
     for key, value in params.items():
         if not isinstance(value, str | int | float | bool | type(None)):
-            raise pytest.UsageError(f"{item.nodeid}: cell parameter {key}={value!r} must be a scalar")
+            raise pytest.UsageError(
+                f"{item.nodeid}: cell parameter {key}={value!r} must be a scalar"
+            )
     return cast(dict[str, ParamValue], params)
 
 
@@ -112,7 +140,9 @@ def _planned(item: pytest.Function) -> PlannedCell:
     params = _params(item)
     workload = _workload(item)
     cell_id = make_cell_id(workload, str(engine), params)
-    return PlannedCell(cell_id=cell_id, workload=workload, engine=str(engine), params=params, nodeid=item.nodeid)
+    return PlannedCell(
+        cell_id=cell_id, workload=workload, engine=str(engine), params=params, nodeid=item.nodeid
+    )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -149,7 +179,9 @@ def engine_name() -> str:
 
 
 @pytest.fixture
-def cell(request: pytest.FixtureRequest, harness_settings: RunSettings, engine_name: str) -> Cell:
+def cell(
+    request: pytest.FixtureRequest, harness_settings: RunSettings, engine_name: str
+) -> Iterator[Cell]:
     """This test's matrix cell; skips with the reason when the engine cannot serve it."""
     item = cast(pytest.Function, request.node)
     state = request.config.stash.get(RUN, None)
@@ -167,7 +199,11 @@ def cell(request: pytest.FixtureRequest, harness_settings: RunSettings, engine_n
     )
     item.stash[CELL] = new
     _skip_if_unable(item, planned.engine, harness_settings.device)
-    return new
+    yield new
+    call_passed = ("call", "passed") in [(w, o) for w, o, _ in item.stash.get(OUTCOME, [])]
+    if call_passed and new.result is None:
+        # The pytest outcome must agree with the record: no result is a failed cell.
+        raise RuntimeError(NO_RESULT)
 
 
 def _skip_if_unable(item: pytest.Function, engine: str, device: str) -> None:
@@ -214,7 +250,9 @@ def open_engine(cell: Cell, harness_settings: RunSettings) -> Iterator[OpenEngin
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, Any]:
     rep: pytest.TestReport = yield
     if not _is_cell(item):
         return rep
@@ -252,8 +290,15 @@ def _write_cell(item: pytest.Item, outcomes: list[tuple[str, str, str]]) -> None
     planned = state.planned[item.nodeid]
     cell = item.stash.get(CELL, None)
     if cell is None:  # setup failed or skipped before the cell fixture ran
-        cell = Cell(state.manifest.run_id, planned.cell_id, planned.workload, planned.engine,
-                    dict(planned.params), settings_of(item.config).profile.policy, fingerprint())
+        cell = Cell(
+            state.manifest.run_id,
+            planned.cell_id,
+            planned.workload,
+            planned.engine,
+            dict(planned.params),
+            settings_of(item.config).profile.policy,
+            fingerprint(),
+        )
     status, reasons = _status(outcomes)
     record = cell.record(status, reasons)
     store.write_record(state.run_dir, record)

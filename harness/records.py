@@ -90,15 +90,24 @@ class CellRecord(_Frozen):
 
     _ids = field_validator("run_id", "cell_id")(check_id)
 
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _revive_nonfinite(cls, value: Any) -> Any:
+        return _revive(value)
+
     @model_validator(mode="after")
     def _consistent(self) -> CellRecord:
         if self.schema_version != SCHEMA_VERSION:
-            raise ValueError(f"records are built at schema {SCHEMA_VERSION}, not {self.schema_version}")
+            raise ValueError(
+                f"records are built at schema {SCHEMA_VERSION}, not {self.schema_version}"
+            )
         if self.status in (Status.OK, Status.INVALID):
             if self.validity is None or not self.metrics:
                 raise ValueError(f"a {self.status} record needs metrics and a validity verdict")
             if (self.status is Status.OK) != (self.validity.verdict == "valid"):
-                raise ValueError(f"status {self.status} contradicts verdict {self.validity.verdict}")
+                raise ValueError(
+                    f"status {self.status} contradicts verdict {self.validity.verdict}"
+                )
         elif not self.reasons:
             raise ValueError(f"a {self.status} record must say why")
         if self.duration_s < 0:
@@ -113,6 +122,20 @@ class CellRecord(_Frozen):
                 return None
             node = node[part]
         return node
+
+
+_NONFINITE = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _revive(value: Any) -> Any:
+    """JSON has no infinity: it is written as the string "Infinity" and read back here."""
+    if isinstance(value, dict):
+        return {k: _revive(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_revive(v) for v in value]
+    if isinstance(value, str) and value in _NONFINITE:
+        return _NONFINITE[value]
+    return value
 
 
 class PlannedCell(_Frozen):

@@ -75,7 +75,9 @@ def status(name: str, device: str) -> EngineStatus:
     try:
         factory = load(name)
     except ImportError as exc:  # the adapter module itself is broken
-        return EngineStatus(name, "?", (), Availability(False, f"adapter import failed: {exc}"), source)
+        return EngineStatus(
+            name, "?", (), Availability(False, f"adapter import failed: {exc}"), source
+        )
     caps = factory.capabilities
     if not caps.supports_device(device):
         avail = Availability(False, f"{name} does not support device {device!r}")

@@ -53,7 +53,9 @@ def build(manifest: Manifest, records: Iterable[CellRecord]) -> Matrix:
     planned = list(manifest.planned)
     planned_ids = {c.cell_id for c in planned}
     # Records without a planned cell (should not happen) still show, after the plan.
-    extra = sorted((r for r in by_id.values() if r.cell_id not in planned_ids), key=lambda r: r.cell_id)
+    extra = sorted(
+        (r for r in by_id.values() if r.cell_id not in planned_ids), key=lambda r: r.cell_id
+    )
     cells = [(c.workload, c.engine, c.params, by_id.get(c.cell_id)) for c in planned]
     cells += [(r.workload, r.engine, r.params, r) for r in extra]
     rows: dict[tuple[str, tuple[tuple[str, ParamValue], ...]], dict[str, Entry]] = {}
@@ -79,13 +81,8 @@ def fmt_number(value: float) -> str:
             return f"{value / limit:.3g}{suffix}"
     if value == int(value):
         return str(int(value))
-    if a >= 100:
-        return f"{value:.0f}"
-    if a >= 10:
-        return f"{value:.1f}"
-    if a >= 0.01:
-        return f"{value:.2f}"
-    return f"{value:.3g}"
+    decimals = next((d for limit, d in ((100, 0), (10, 1), (0.01, 2)) if a >= limit), None)
+    return f"{value:.3g}" if decimals is None else f"{value:.{decimals}f}"
 
 
 def _as_float(value: object) -> float | None:

@@ -1,7 +1,7 @@
 """Latency statistics: nearest-rank percentiles, error-adjusted forms, sample minimums.
 
-Percentiles use the nearest-rank definition (numpy's ``inverted_cdf``): the p-th
-percentile is the smallest sample x such that at least p% of samples are <= x. It never
+Percentiles use the nearest-rank definition: the p-th percentile is the smallest
+sample x such that at least p% of samples are <= x (the ceil(p/100 * n)-th smallest). It never
 interpolates, so every reported value was observed, and it stays defined when failed
 requests enter as infinite latencies (the error-adjusted form).
 """
@@ -35,11 +35,21 @@ def min_samples_for(p: float) -> int:
     return math.ceil(round(1.0 / (1.0 - p / 100.0), 9))
 
 
+def _rank(n: int, p: float) -> int:
+    # Rounded before ceil: p*n/100 in floating point can land a hair above an integer
+    # (99.9% of 1000 is 999.0000000000001), which would skip a rank.
+    return max(1, math.ceil(round(p * n / 100.0, 9)))
+
+
+def _at_rank(ordered: npt.NDArray[np.float64], p: float) -> float:
+    return float(ordered[_rank(ordered.size, p) - 1])
+
+
 def nearest_rank(values: npt.ArrayLike, p: float) -> float:
     arr = np.asarray(values, dtype=np.float64)
     if arr.size == 0:
         raise ValueError("no samples")
-    return float(np.percentile(arr, p, method="inverted_cdf"))
+    return _at_rank(np.sort(arr), p)
 
 
 @dataclass(frozen=True)
@@ -75,13 +85,14 @@ def summarize(samples: Sequence[float] | npt.NDArray[np.float64], failed: int = 
     n = int(arr.size)
     pct: dict[str, float] = {}
     adj: dict[str, float] = {}
-    with_failures = np.concatenate([arr, np.full(failed, np.inf)])
+    ordered = np.sort(arr)
+    with_failures = np.concatenate([ordered, np.full(failed, np.inf)])  # still sorted
     for p in PERCENTILES:
         key = percentile_key(p)
         if n >= min_samples_for(p):
-            pct[key] = nearest_rank(arr, p)
+            pct[key] = _at_rank(ordered, p)
         if with_failures.size >= min_samples_for(p):
-            adj[key] = nearest_rank(with_failures, p)
+            adj[key] = _at_rank(with_failures, p)
     if n == 0:
         return Summary(0, failed, None, None, None, pct, adj)
     return Summary(n, failed, float(arr.mean()), float(arr.min()), float(arr.max()), pct, adj)

@@ -80,7 +80,9 @@ def collate(items: Sequence[Mapping[str, Array]]) -> dict[str, Array]:
     return {name: np.concatenate([it[name] for it in items], axis=0) for name in items[0]}
 
 
-def pad_to(item: Mapping[str, Array], specs: Sequence[TensorSpec], target: Mapping[str, int]) -> dict[str, Array]:
+def pad_to(
+    item: Mapping[str, Array], specs: Sequence[TensorSpec], target: Mapping[str, int]
+) -> dict[str, Array]:
     """Zero-pad each input's dynamic dims up to ``target`` sizes (masks pad with 0 too)."""
     out: dict[str, Array] = {}
     for spec in specs:
@@ -94,7 +96,10 @@ def pad_to(item: Mapping[str, Array], specs: Sequence[TensorSpec], target: Mappi
             if key in target:
                 extra = target[key] - arr.shape[i]
                 if extra < 0:
-                    raise InputError(f"cannot pad {spec.name} dim {key} from {arr.shape[i]} down to {target[key]}")
+                    raise InputError(
+                        f"cannot pad {spec.name} dim {key} from {arr.shape[i]}"
+                        f" down to {target[key]}"
+                    )
                 pads[i] = (0, extra)
         out[spec.name] = np.pad(arr, pads) if any(p != (0, 0) for p in pads) else arr
     return out

@@ -5,7 +5,7 @@ seeded random weights, so the same seed gives the same bytes (and sha256) everyw
 Files are cached by content hash under ``$HARNESS_CACHE_DIR`` (default
 ``~/.cache/inference-harness/models``).
 
-* ``tiny-cnn``: image classifier, input ``image`` float32 [batch, 3, 64, 64] -> ``logits`` [batch, 10]
+* ``tiny-cnn``: image classifier, ``image`` float32 [batch, 3, 64, 64] -> ``logits`` [batch, 10]
 * ``tiny-cnn-dynhw``: the same network with dynamic height and width
 * ``tiny-encoder``: transformer text encoder, ``input_ids``/``attention_mask`` int64
   [batch, sequence] -> masked mean-pooled ``embedding`` [batch, 128]
@@ -45,8 +45,13 @@ class EmbeddedModel:
     seed: int
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "sha256": self.sha256, "seed": self.seed,
-                "generator_version": GENERATOR_VERSION, "opset": OPSET}
+        return {
+            "name": self.name,
+            "sha256": self.sha256,
+            "seed": self.seed,
+            "generator_version": GENERATOR_VERSION,
+            "opset": OPSET,
+        }
 
 
 def cache_dir() -> Path:
@@ -153,8 +158,13 @@ def _attention(g: _Graph, x: str, mask_bias: str) -> str:
     scale = g.const(np.array(1.0 / np.sqrt(HIDDEN // HEADS), dtype=np.float32))
     scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [q, k]), scale]), mask_bias])
     ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
-    merged = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]),
-                              g.const(np.array([0, 0, HIDDEN], dtype=np.int64), "shape")])
+    merged = g.op(
+        "Reshape",
+        [
+            g.op("Transpose", [ctx], perm=[0, 2, 1, 3]),
+            g.const(np.array([0, 0, HIDDEN], dtype=np.int64), "shape"),
+        ],
+    )
     return _linear(g, merged, HIDDEN, HIDDEN)
 
 
@@ -172,10 +182,17 @@ def build_encoder(seed: int) -> bytes:
     g = _Graph(seed)
     tok = g.const((g.rng.normal(0, 0.02, (VOCAB, HIDDEN))).astype(np.float32), "tok_emb")
     pos = g.const((g.rng.normal(0, 0.02, (MAX_SEQUENCE, HIDDEN))).astype(np.float32), "pos_emb")
-    seq_len = g.op("Squeeze", [g.op("Shape", ["input_ids"], start=1, end=2),
-                               g.const(np.array([0], dtype=np.int64), "axes")])
-    positions = g.op("Range", [g.const(np.array(0, dtype=np.int64)), seq_len,
-                               g.const(np.array(1, dtype=np.int64))])
+    seq_len = g.op(
+        "Squeeze",
+        [
+            g.op("Shape", ["input_ids"], start=1, end=2),
+            g.const(np.array([0], dtype=np.int64), "axes"),
+        ],
+    )
+    positions = g.op(
+        "Range",
+        [g.const(np.array(0, dtype=np.int64)), seq_len, g.const(np.array(1, dtype=np.int64))],
+    )
     x = g.op("Add", [g.op("Gather", [tok, "input_ids"]), g.op("Gather", [pos, positions])])
     mask_f = g.op("Cast", ["attention_mask"], to=TensorProto.FLOAT)
     inv = g.op("Sub", [g.const(np.array(1.0, dtype=np.float32)), mask_f])
@@ -189,7 +206,10 @@ def build_encoder(seed: int) -> bytes:
     m3 = g.op("Unsqueeze", [mask_f, g.const(np.array([2], dtype=np.int64), "axes")])
     axis1 = g.const(np.array([1], dtype=np.int64), "axes")
     total = g.op("ReduceSum", [g.op("Mul", [x, m3]), axis1], keepdims=0)
-    count = g.op("Max", [g.op("ReduceSum", [m3, axis1], keepdims=0), g.const(np.array(1.0, dtype=np.float32))])
+    count = g.op(
+        "Max",
+        [g.op("ReduceSum", [m3, axis1], keepdims=0), g.const(np.array(1.0, dtype=np.float32))],
+    )
     g.op("Div", [total, count])
     g.nodes[-1].output[0] = "embedding"
     inputs = [

@@ -16,6 +16,7 @@ is reported apart ("first-seen") from steady state, and padding waste is counted
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ import pytest
 
 from harness import stats
 from harness.cell import Cell
-from harness.clock import MonotonicClock
+from harness.clock import MonotonicClock, gc_paused
 from harness.config import RunSettings
 from harness.engine import EngineError, TensorEngine, TensorSpec
 from harness.plugin import OpenEngine, settings_of
@@ -86,7 +87,8 @@ def _maxima(specs: tuple[TensorSpec, ...], model: str, settings: RunSettings) ->
     missing = [n for n in names if n not in settings.dims and n not in defaults]
     if missing:
         raise EngineError(
-            "give the maximum size of each dynamic dim: " + " ".join(f"--dim {n}=MAX" for n in missing)
+            "give the maximum size of each dynamic dim: "
+            + " ".join(f"--dim {n}=MAX" for n in missing)
         )
     return {n: settings.dims.get(n, defaults.get(n, 0)) for n in names}
 
@@ -109,53 +111,43 @@ def test_shapes(
     engine.warmup(warm, harness_settings.profile.warmup_iterations)
     seen = {_shape_key(maxima)}
 
-    requests = [
-        inputs.pad_to(inputs.synthesize(specs, size, rng, int_high=INT_HIGH), specs,
-                      target_shape(mode, size, maxima))
-        for size in sizes
-    ]
     targets = [target_shape(mode, size, maxima) for size in sizes]
-    clock = MonotonicClock()
-    lat: list[float] = []
-    first: list[bool] = []
-    keys: list[str] = []
-    real = padded = 0
-    t_start = clock.now()
-    # The same request sequence for every mode; repeated until the window is filled so
-    # that the fast modes are measured as long as the slow ones.
-    while not lat or clock.now() - t_start < harness_settings.profile.window_s:
-        for size, target, request in zip(sizes, targets, requests, strict=True):
-            key = _shape_key(target)
-            first.append(key not in seen)
-            seen.add(key)
-            keys.append(key)
-            real += int(np.prod(list(size.values())))
-            padded += int(np.prod(list(target.values())))
-            t0 = clock.now()
-            engine.infer(request)
-            lat.append(clock.now() - t0)
-    window = clock.now() - t_start
-    latency = np.asarray(lat)
-    first_seen = np.asarray(first, dtype=bool)
-    n = int(latency.size)
+    requests = [
+        inputs.pad_to(inputs.synthesize(specs, size, rng, int_high=INT_HIGH), specs, target)
+        for size, target in zip(sizes, targets, strict=True)
+    ]
+    with gc_paused():
+        run = _serve_sequence(
+            engine, sizes, targets, requests, seen, harness_settings.profile.window_s
+        )
+    latency = np.asarray(run.latency)
+    first_seen = np.asarray(run.first_seen, dtype=bool)
+    n, window = int(latency.size), run.window
 
     steady = latency[~first_seen]
     cold = latency[first_seen]
-    per_shape = _per_shape(keys, latency, first_seen)
+    per_shape = _per_shape(run.keys, latency, first_seen)
     metrics = {
         "latency": stats.to_json(stats.summarize(latency)),
         "steady": stats.to_json(stats.summarize(steady)),
-        "first_seen": {**stats.to_json(stats.summarize(cold)), "ratio_to_steady_p50": _cold_ratio(per_shape)},
+        "first_seen": {
+            **stats.to_json(stats.summarize(cold)),
+            "ratio_to_steady_p50": _cold_ratio(per_shape),
+        },
         "per_shape": per_shape,
         "shapes": {"distinct": len(per_shape), "dims": maxima},
-        "padding": {"real_elements": real, "padded_elements": padded,
-                    "waste": 1.0 - real / padded if padded else 0.0},
-        "throughput": {"requests_per_s": n / window, "real_elements_per_s": real / window},
+        "padding": {
+            "real_elements": run.real,
+            "padded_elements": run.padded,
+            "waste": 1.0 - run.real / run.padded if run.padded else 0.0,
+        },
+        "throughput": {"requests_per_s": n / window, "real_elements_per_s": run.real / window},
     }
     cell.finish(
         metrics=metrics,
-        evidence=Evidence(samples=n, failed=0, window_s=window,
-                          negative_durations=int(np.sum(latency < 0))),
+        evidence=Evidence(
+            samples=n, failed=0, window_s=window, negative_durations=int(np.sum(latency < 0))
+        ),
         headline=[
             Headline(label="p50", metric="latency.p50", unit="ms", scale=1e3),
             Headline(label="p99", metric="latency.p99", unit="ms", scale=1e3),
@@ -164,15 +156,61 @@ def test_shapes(
             Headline(label="padding", metric="padding.waste", unit="%", scale=100.0),
             Headline(label="tput", metric="throughput.real_elements_per_s", unit="elem/s"),
         ],
-        samples={"latency": stats.as_samples(latency),
-                 "first_seen": [float(x) for x in first_seen]},
-        window={"duration_s": window, "requests": n, "distinct_requests": len(sizes),
-                "warmup_iterations": harness_settings.profile.warmup_iterations},
+        samples={
+            "latency": stats.as_samples(latency),
+            "first_seen": [float(x) for x in first_seen],
+        },
+        window={
+            "duration_s": window,
+            "requests": n,
+            "distinct_requests": len(sizes),
+            "warmup_iterations": harness_settings.profile.warmup_iterations,
+        },
         seeds={"sizes": seed, "inputs": seed, "model": seed},
     )
 
 
-def _per_shape(keys: list[str], latency: np.ndarray[Any, Any], first: np.ndarray[Any, Any]) -> dict[str, Any]:
+@dataclass
+class _Run:
+    latency: list[float] = field(default_factory=list)
+    first_seen: list[bool] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    real: int = 0
+    padded: int = 0
+    window: float = 0.0
+
+
+def _serve_sequence(
+    engine: TensorEngine,
+    sizes: list[dict[str, int]],
+    targets: list[dict[str, int]],
+    requests: list[dict[str, Any]],
+    seen: set[str],
+    window_s: float,
+) -> _Run:
+    """One request in flight, in order; the same sequence for every mode, repeated until
+    the window is filled so that the fast modes are measured as long as the slow ones."""
+    clock = MonotonicClock()
+    run = _Run()
+    t_start = clock.now()
+    while not run.latency or clock.now() - t_start < window_s:
+        for size, target, request in zip(sizes, targets, requests, strict=True):
+            key = _shape_key(target)
+            run.first_seen.append(key not in seen)
+            seen.add(key)
+            run.keys.append(key)
+            run.real += int(np.prod(list(size.values())))
+            run.padded += int(np.prod(list(target.values())))
+            t0 = clock.now()
+            engine.infer(request)
+            run.latency.append(clock.now() - t0)
+    run.window = clock.now() - t_start
+    return run
+
+
+def _per_shape(
+    keys: list[str], latency: np.ndarray[Any, Any], first: np.ndarray[Any, Any]
+) -> dict[str, Any]:
     groups: dict[str, list[int]] = defaultdict(list)
     for i, key in enumerate(keys):
         groups[key].append(i)
@@ -182,13 +220,20 @@ def _per_shape(keys: list[str], latency: np.ndarray[Any, Any], first: np.ndarray
         warm = latency[idx][~first[idx]]
         cold = latency[idx][first[idx]]
         summary = stats.summarize(warm)
-        out[key] = {"count": int(idx.size), "first_seen": float(cold[0]) if cold.size else None,
-                    "steady_p50": summary.percentiles.get("p50"), "steady_max": summary.max}
+        out[key] = {
+            "count": int(idx.size),
+            "first_seen": float(cold[0]) if cold.size else None,
+            "steady_p50": summary.percentiles.get("p50"),
+            "steady_max": summary.max,
+        }
     return out
 
 
 def _cold_ratio(per_shape: dict[str, Any]) -> float | None:
     """Median over shapes of first-seen latency / that shape's steady p50."""
-    ratios = [v["first_seen"] / v["steady_p50"] for v in per_shape.values()
-              if v["first_seen"] is not None and v["steady_p50"]]
+    ratios = [
+        v["first_seen"] / v["steady_p50"]
+        for v in per_shape.values()
+        if v["first_seen"] is not None and v["steady_p50"]
+    ]
     return float(np.median(ratios)) if ratios else None

@@ -1,0 +1,51 @@
+import subprocess
+import sys
+
+from harness import cli, store
+from tests.records_factory import manifest, record
+
+
+def test_engines_lists_registered_engines_with_availability(capsys):
+    assert cli.main(["engines"]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime" in out
+    assert "engines.onnxruntime:OnnxRuntimeEngine" in out
+    assert "yes" in out
+
+
+def test_engines_gives_the_reason_when_unavailable(capsys):
+    cli.main(["engines", "--device", "cuda"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no CUDAExecutionProvider" in out or "yes" in out
+
+
+def test_report_writes_matrix_and_is_deterministic(tmp_path, capsys):
+    run = store.new_run_dir(tmp_path)
+    store.write_manifest(run, manifest([("c.e.x=1", "e", {"x": 1})], run_id=run.name))
+    store.write_record(run, record("c.e.x=1", run_id=run.name, engine="e", params={"x": 1}))
+    assert cli.main(["report", str(run), "--print"]) == 0
+    first = (run / "matrix.md").read_bytes()
+    assert b"| 1 | p50 2 ms |" in first
+    assert cli.main(["report", str(run)]) == 0
+    assert (run / "matrix.md").read_bytes() == first
+
+
+def test_report_on_a_corrupt_run_fails_naming_the_file(tmp_path, capsys):
+    run = store.new_run_dir(tmp_path)
+    store.write_manifest(run, manifest([], run_id=run.name))
+    (run / "cells" / "bad.json").write_text("{")
+    assert cli.main(["report", str(run)]) == 2
+    assert "bad.json: corrupt" in capsys.readouterr().out
+    assert cli.main(["report", str(tmp_path / "nope")]) == 2
+
+
+def test_module_entry_point_runs():
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", "engines"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0
+    assert "onnxruntime" in proc.stdout

@@ -1,0 +1,58 @@
+from pathlib import Path
+
+import pytest
+
+from harness.config import PROFILES, ProfileName, UsageError, parse_settings
+
+
+def settings(**kw):
+    base = dict(engines=None, device="cpu", profile="quick", results_dir="results/runs", seed=0)
+    base.update(kw)
+    return parse_settings(**base)
+
+
+def test_defaults_are_the_embedded_quick_run():
+    s = settings()
+    assert s.engines == ("onnxruntime",)
+    assert s.profile == PROFILES[ProfileName.QUICK]
+    assert s.model is None
+    assert s.results_dir == Path("results/runs")
+
+
+def test_engines_split_on_commas_and_deduplicate():
+    assert settings(engines=["onnxruntime", "onnxruntime,onnxruntime"]).engines == ("onnxruntime",)
+
+
+def test_overrides_replace_profile_windows():
+    s = settings(profile="full", window=2.5, requests=10)
+    assert s.profile.name is ProfileName.FULL
+    assert (s.profile.window_s, s.profile.requests) == (2.5, 10)
+    assert s.profile.policy == PROFILES[ProfileName.FULL].policy
+
+
+def test_model_path_is_resolved(tmp_path):
+    f = tmp_path / "m.onnx"
+    f.write_bytes(b"x")
+    assert settings(model=str(f)).model == f.resolve()
+
+
+def test_dims_and_engine_options_parse():
+    s = settings(dims=["sequence=128"], engine_options=["onnxruntime.intra_op_threads=1"])
+    assert s.dims == {"sequence": 128}
+    assert s.engine_options == {"onnxruntime": {"intra_op_threads": "1"}}
+    assert s.to_json()["engine_options"] == {"onnxruntime": {"intra_op_threads": "1"}}
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"device": "cuda:x"}, "use cpu, cuda or cuda:N"),
+        ({"device": "cpu:0"}, "use cpu, cuda or cuda:N"),
+        ({"window": 0.0}, "--window must be a positive"),
+        ({"dims": ["noequals"]}, "expected KEY=VALUE"),
+        ({"dims": ["h=0"]}, "positive integer"),
+    ],
+)
+def test_usage_errors(kw, message):
+    with pytest.raises(UsageError, match=message):
+        settings(**kw)

@@ -1,0 +1,104 @@
+from harness import report, store
+from harness.records import Status
+from tests.records_factory import manifest, record
+
+
+def make_run(tmp_path, *, with_missing=False):
+    run = store.new_run_dir(tmp_path)
+    cells = [
+        ("b.onnx.r=10.static", "onnx", {"rate": 10.0, "mode": "static"}),
+        ("b.onnx.r=10.dynamic", "onnx", {"rate": 10.0, "mode": "dynamic"}),
+        ("b.other.r=10.static", "other", {"rate": 10.0, "mode": "static"}),
+        ("b.other.r=10.dynamic", "other", {"rate": 10.0, "mode": "dynamic"}),
+    ]
+    store.write_manifest(run, manifest(cells, run_id=run.name))
+    recs = [
+        record(cells[0][0], run_id=run.name, engine="onnx", params=cells[0][2], p50=0.0368),
+        record(cells[1][0], run_id=run.name, engine="onnx", params=cells[1][2], p50=0.00275),
+        record(
+            cells[2][0], run_id=run.name, engine="other", params=cells[2][2], status=Status.INVALID
+        ),
+    ]
+    if not with_missing:
+        recs.append(
+            record(
+                cells[3][0],
+                run_id=run.name,
+                engine="other",
+                params=cells[3][2],
+                status=Status.SKIPPED,
+                reasons=("other needs an NVIDIA GPU; none found",),
+            )
+        )
+    for r in recs:
+        store.write_record(run, r)
+    return run
+
+
+def test_matrix_markdown_shows_numbers_only_for_ok_cells(tmp_path):
+    run = make_run(tmp_path)
+    md_path, _ = report.write(run)
+    md = md_path.read_text()
+    assert "| rate | mode | onnx | other |" in md
+    assert "| 10 | static | p50 36.8 ms | INVALID: too few samples |" in md
+    assert "| 10 | dynamic | p50 2.75 ms | SKIPPED: other needs an NVIDIA GPU; none found |" in md
+
+
+def test_matrix_is_byte_identical_when_rebuilt(tmp_path):
+    run = make_run(tmp_path)
+    md1, csv1 = (p.read_bytes() for p in report.write(run))
+    md2, csv2 = (p.read_bytes() for p in report.write(run))
+    assert (md1, csv1) == (md2, csv2)
+
+
+def test_missing_records_show_as_missing(tmp_path):
+    run = make_run(tmp_path, with_missing=True)
+    m = report.build(store.read_manifest(run), store.read_records(run))
+    texts = [report.entry_text(r.entries.get("other")) for r in m.rows]
+    assert texts[1] == "MISSING (no record: interrupted?)"
+
+
+def test_csv_has_numbers_for_ok_and_status_for_the_rest(tmp_path):
+    run = make_run(tmp_path)
+    _, csv_path = report.write(run)
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].split(",") == [
+        "workload",
+        "rate",
+        "mode",
+        "onnx:status",
+        "onnx:reasons",
+        "onnx:p50 [ms]",
+        "other:status",
+        "other:reasons",
+        "other:p50 [ms]",
+    ]
+    assert lines[1] == "batching,10,static,ok,,36.8,invalid,too few samples,"
+    assert lines[2].startswith("batching,10,dynamic,ok,,2.75,skipped,")
+
+
+def test_markdown_escapes_pipes_from_engine_strings(tmp_path):
+    run = store.new_run_dir(tmp_path)
+    store.write_manifest(run, manifest([("c.e.x=1", "e", {"x": 1})], run_id=run.name))
+    store.write_record(
+        run,
+        record(
+            "c.e.x=1",
+            run_id=run.name,
+            engine="e",
+            params={"x": 1},
+            status=Status.FAILED,
+            reasons=("bad | value",),
+        ),
+    )
+    assert "FAILED: bad \\| value" in report.write(run)[0].read_text()
+
+
+def test_number_formatting():
+    assert report.fmt_number(0.000123) == "0.000123"
+    assert report.fmt_number(2.754) == "2.75"
+    assert report.fmt_number(36.84) == "36.8"
+    assert report.fmt_number(138.6) == "139"
+    assert report.fmt_number(8.0) == "8"
+    assert report.fmt_number(13600705.0) == "13.6M"
+    assert report.fmt_number(float("inf")) == "inf"
