@@ -76,9 +76,9 @@ def fmt_number(value: float) -> str:
     if math.isinf(value):
         return "inf"
     a = abs(value)
-    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
+    for limit, unit, suffix in ((1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e4, 1e3, "k")):
         if a >= limit:
-            return f"{value / limit:.3g}{suffix}"
+            return f"{value / unit:.3g}{suffix}"
     if value == int(value):
         return str(int(value))
     decimals = next((d for limit, d in ((100, 0), (10, 1), (0.01, 2)) if a >= limit), None)

@@ -101,4 +101,7 @@ def test_number_formatting():
     assert report.fmt_number(138.6) == "139"
     assert report.fmt_number(8.0) == "8"
     assert report.fmt_number(13600705.0) == "13.6M"
+    assert report.fmt_number(40624.6) == "40.6k"
+    assert report.fmt_number(9999.0) == "9999"
+    assert report.fmt_number(2.5e9) == "2.5G"
     assert report.fmt_number(float("inf")) == "inf"
