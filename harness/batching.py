@@ -132,10 +132,10 @@ class ServeTrace:
     t_sched: npt.NDArray[np.float64]
     t_send: npt.NDArray[np.float64]
     t_done: npt.NDArray[np.float64]
-    infer: npt.NDArray[np.float64]
     failed: npt.NDArray[np.bool_]
     batch_sizes: list[int] = field(default_factory=list)
     batch_latency: list[float] = field(default_factory=list)
+    batch_infer: list[float] = field(default_factory=list)
     flushed_batches: int = 0
     lag: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
@@ -176,7 +176,6 @@ def _serve(
         t_sched=t_sched,
         t_send=np.full(n, np.nan),
         t_done=np.full(n, np.nan),
-        infer=np.full(n, np.nan),
         failed=np.zeros(n, dtype=np.bool_),
     )
     queue: deque[int] = deque()
@@ -220,6 +219,6 @@ def _run_one_batch(batch: list[int], run_batch: RunBatch, clock: Clock, trace: S
     t_done = clock.now()
     trace.t_send[batch] = t_send
     trace.t_done[batch] = t_done
-    trace.infer[batch] = infer
     trace.batch_sizes.append(len(batch))
     trace.batch_latency.append(t_done - t_send)
+    trace.batch_infer.append(infer)

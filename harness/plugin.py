@@ -17,7 +17,7 @@ import pytest
 
 from harness import registry, report, store
 from harness.cell import Cell, make_cell_id
-from harness.config import PROFILES, ProfileName, RunSettings, UsageError, parse_settings
+from harness.config import ProfileName, RunSettings, UsageError, parse_settings
 from harness.engine import Engine, EngineConfig, EngineError
 from harness.environment import fingerprint
 from harness.records import Manifest, ParamValue, PlannedCell, Status
@@ -338,4 +338,4 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.write_line(f"run directory: {state.run_dir}")
 
 
-__all__ = ["PROFILES", "OpenEngine", "RunSettings"]
+__all__ = ["OpenEngine", "RunSettings", "settings_of"]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,43 +9,24 @@ import pytest
 
 from harness import report, stats, store
 from harness.records import CellRecord, Status
+from tests.runner import run_workloads
 
 pytest.importorskip("onnxruntime")
-pytest_plugins = ["pytester"]
 
-REPO = Path(__file__).resolve().parent.parent
 WINDOW_S = 1.5  # quick profile, shortened: every cell still needs >= 1 s and >= 100 samples
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, CellRecord], str]:
-    tmp = tmp_path_factory.mktemp("ort-run")
-    results = tmp / "runs"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(REPO / "workloads"),
-            "-p",
-            "no:cacheprovider",
-            "--engine=onnxruntime",
-            "--profile=quick",
-            f"--window={WINDOW_S}",
-            "--requests=120",
-            f"--results-dir={results}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, "HARNESS_CACHE_DIR": str(tmp / "cache")},
+    result = run_workloads(
+        tmp_path_factory.mktemp("ort-run"),
+        "--engine=onnxruntime",
+        "--profile=quick",
+        f"--window={WINDOW_S}",
+        "--requests=120",
     )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    (run_dir,) = list(results.iterdir())
-    records = {r.cell_id: r for r in store.read_records(run_dir)}
-    return run_dir, records, proc.stdout
+    assert result.returncode == 0, result.stdout[-4000:]
+    return result.run_dir, result.records, result.stdout
 
 
 def batching(records: dict[str, CellRecord], rate: int, mode: str) -> CellRecord:
@@ -91,6 +69,9 @@ def test_batching_figures_are_plausible_and_recomputable(run):
         e2e, queue = rec.metrics["e2e"], rec.metrics["queue"]
         assert 0 < e2e["min"] <= e2e["p50"] <= e2e["p99"] <= e2e["max"] < 10.0, rec.cell_id
         assert e2e["p50"] >= queue["p50"] >= 0
+        # the engine's own time is part of the batch's dispatch-to-done latency
+        assert 0 < rec.metrics["infer"]["p50"] <= rec.metrics["latency"]["p50"]
+        assert rec.metrics["infer"]["count"] == rec.metrics["batches"]["count"]
         assert e2e["failed"] == 0
         # percentiles recompute from the stored raw samples
         again = stats.summarize(rec.samples["e2e"])

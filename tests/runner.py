@@ -1,0 +1,48 @@
+"""Runs the real workloads in a pytest subprocess and reads back what they recorded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import store
+from harness.records import CellRecord
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Run:
+    returncode: int
+    stdout: str
+    run_dir: Path
+    records: dict[str, CellRecord]
+
+
+def run_workloads(tmp: Path, *args: str) -> Run:
+    results = tmp / "runs"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(REPO / "workloads"),
+            "-p",
+            "no:cacheprovider",
+            f"--results-dir={results}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env={**os.environ, "HARNESS_CACHE_DIR": str(tmp / "cache")},
+        check=False,
+    )
+    runs = list(results.iterdir()) if results.is_dir() else []
+    assert len(runs) == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    records = {r.cell_id: r for r in store.read_records(runs[0])}
+    return Run(proc.returncode, proc.stdout + proc.stderr, runs[0], records)
