@@ -12,7 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.records import CellRecord, Headline, ParamValue, Status, ValidityInfo
+from harness.records import (
+    CellRecord,
+    Headline,
+    ParamValue,
+    Status,
+    ValidityInfo,
+    format_param,
+)
 from harness.store import utcnow
 from harness.validity import Evidence, Policy, Validity, judge
 
@@ -20,16 +27,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]+")
 
 
 def make_cell_id(workload: str, engine: str, params: Mapping[str, ParamValue]) -> str:
-    parts = [workload, engine, *(f"{k}={_fmt(v)}" for k, v in params.items())]
+    parts = [workload, engine, *(f"{k}={format_param(v, none='none')}" for k, v in params.items())]
     return _UNSAFE.sub("-", ".".join(parts)).strip(".-")
-
-
-def _fmt(value: ParamValue) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
 
 
 @dataclass(frozen=True)

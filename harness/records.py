@@ -23,6 +23,15 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
 ParamValue = str | int | float | bool | None
 
 
+def format_param(value: ParamValue, none: str = "-") -> str:
+    """A cell parameter as text, the same in cell ids and matrices (floats without noise)."""
+    if value is None:
+        return none
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
 class Status(enum.StrEnum):
     OK = "ok"
     INVALID = "invalid"

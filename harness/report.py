@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.records import CellRecord, Manifest, ParamValue, Status
+from harness.records import CellRecord, Manifest, ParamValue, Status, format_param
 from harness.store import read_manifest, read_records, replace
 
 
@@ -128,14 +128,6 @@ def _param_names(rows: Iterable[Row]) -> list[str]:
     return list(dict.fromkeys(k for r in rows for k, _ in r.params))
 
 
-def _param_text(value: ParamValue) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
 def to_markdown(matrix: Matrix) -> str:
     lines = [f"# Result matrix: run {matrix.run_id}", ""]
     if matrix.state != "complete":
@@ -154,7 +146,7 @@ def _workload_table(workload: str, rows: list[Row], engines: tuple[str, ...]) ->
     out = [f"## {workload}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         params = dict(row.params)
-        cells = [_param_text(params.get(n)) for n in names]
+        cells = [format_param(params.get(n)) for n in names]
         cells += [entry_text(row.entries.get(e)) for e in used]
         out.append("| " + " | ".join(_escape_md(c) for c in cells) + " |")
     return [*out, ""]
@@ -187,7 +179,7 @@ def to_csv(matrix: Matrix) -> str:
     writer.writerow(header)
     for row in matrix.rows:
         params = dict(row.params)
-        line = [row.workload, *(_param_text(params.get(n)) if n in params else "" for n in names)]
+        line = [row.workload, *(format_param(params.get(n)) if n in params else "" for n in names)]
         for engine in matrix.engines:
             line += _csv_entry(row.entries.get(engine), list(labels))
         writer.writerow(line)
