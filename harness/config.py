@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import registry
+from harness.streaming import SLO, parse_slos
 from harness.validity import Policy
 
 
@@ -37,6 +38,7 @@ class Profile:
     name: ProfileName
     window_s: float
     requests: int
+    gen_requests: int
     warmup_iterations: int
     policy: Policy
 
@@ -50,6 +52,7 @@ PROFILES: dict[ProfileName, Profile] = {
         ProfileName.QUICK,
         window_s=4.0,
         requests=300,
+        gen_requests=120,
         warmup_iterations=10,
         # Smoke-level lag bound: shared 2-core CI machines show scheduler stalls of
         # several ms; lag only ever inflates the latency measured from t_sched.
@@ -59,6 +62,7 @@ PROFILES: dict[ProfileName, Profile] = {
         ProfileName.FULL,
         window_s=60.0,
         requests=5000,
+        gen_requests=1500,
         warmup_iterations=200,
         policy=Policy(min_window_s=30.0, min_samples=1000, max_lag_p99_s=0.002),
     ),
@@ -75,6 +79,7 @@ class RunSettings:
     model: Path | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
     engine_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    slos: tuple[SLO, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,6 +94,8 @@ class RunSettings:
             "model": str(self.model) if self.model else None,
             "dims": dict(self.dims),
             "engine_options": {k: dict(v) for k, v in self.engine_options.items()},
+            "slos": {s.key: s.threshold_s for s in self.slos},
+            "gen_requests": self.profile.gen_requests,
         }
 
 
@@ -124,7 +131,7 @@ def _profile(name: str, window: float | None, requests: int | None) -> Profile:
     if requests is not None:
         if requests < 1:
             raise UsageError(f"--requests must be >= 1, got {requests}")
-        base = replace(base, requests=requests)
+        base = replace(base, requests=requests, gen_requests=requests)
     return base
 
 
@@ -195,6 +202,7 @@ def parse_settings(
     requests: int | None = None,
     dims: Sequence[str] | None = None,
     engine_options: Sequence[str] | None = None,
+    slo: str | None = None,
 ) -> RunSettings:
     names = _engines(engines)
     if seed < 0:
@@ -208,4 +216,14 @@ def parse_settings(
         model=_model(model),
         dims=_dims(dims),
         engine_options=_engine_options(engine_options, names),
+        slos=_slos(slo),
     )
+
+
+def _slos(text: str | None) -> tuple[SLO, ...]:
+    if not text:
+        return ()
+    try:
+        return parse_slos(text)
+    except ValueError as exc:
+        raise UsageError(f"--slo {text!r}: {exc}") from None

@@ -166,6 +166,7 @@ class GenerationRequest:
     max_tokens: int
     ignore_eos: bool = True
     request_id: str = ""
+    temperature: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -174,12 +175,21 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One streamed piece of output, stamped at the client when it arrived."""
+    """One streamed piece of output as the engine delivered it.
 
-    t_arrival: float
+    ``n_tokens`` is how many output tokens this chunk carries (``len(token_ids)`` when the
+    engine gives ids; a role-only or empty chunk carries 0). ``completion_tokens`` and
+    ``prompt_tokens`` are the engine's own running counts where it reports them. The
+    harness stamps the arrival time itself, when the stream yields the chunk.
+    """
+
     n_tokens: int
     token_ids: tuple[int, ...] = ()
-    finished: bool = False
+    text: str = ""
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    engine_stats: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.n_tokens < 0:

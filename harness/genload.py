@@ -1,0 +1,140 @@
+"""Load generation for streaming (generative) engines, on asyncio.
+
+* closed loop: ``concurrency`` users, each sends its next request when the last ends;
+* open loop: every request is sent at its scheduled time whatever the engine is doing,
+  and latency counts from that time (no coordinated omission); each request records the
+  generator's own lag (actual send minus intended send);
+* static batches: requests are admitted in groups of ``batch``; a group goes when it is
+  full (or the stream ended) *and* the previous group has finished. The baseline that
+  iteration-level (continuous) batching is compared against, through the same engine.
+
+Every chunk is stamped here, at the client, the moment the engine's stream yields it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from harness.clock import Clock
+from harness.engine import GenerationRequest, GenerativeEngine
+from harness.streaming import RequestRecord
+
+
+def _n_in(req: GenerationRequest) -> int:
+    return len(req.prompt) if isinstance(req.prompt, tuple) else 0
+
+
+async def _sleep_until(clock: Clock, deadline: float) -> None:
+    delay = deadline - clock.now()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+@dataclass(frozen=True)
+class Driver:
+    """Sends requests to one engine and records what the client saw."""
+
+    engine: GenerativeEngine
+    clock: Clock
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError("timeout_s must be > 0")
+
+    async def one(
+        self, req: GenerationRequest, t_sched: float, t_intended: float | None = None
+    ) -> RequestRecord:
+        """Send ``req`` now; a failure of any kind is recorded on the request, never raised."""
+        clock = self.clock
+        t_send = clock.now()
+        times: list[float] = []
+        tokens: list[int] = []
+        reported: int | None = None
+        engine_stats: Mapping[str, float] | None = None
+        error: str | None = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async for chunk in self.engine.generate(req):
+                    times.append(clock.now())
+                    tokens.append(chunk.n_tokens)
+                    if chunk.completion_tokens is not None:
+                        reported = chunk.completion_tokens
+                    if chunk.engine_stats is not None:
+                        engine_stats = chunk.engine_stats
+        except TimeoutError:
+            error = f"timeout after {self.timeout_s:g} s"
+        except Exception as exc:  # a failed request is counted, never dropped
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        if error is None and not any(tokens):
+            error = "stream ended without any output token"
+        return RequestRecord(
+            t_sched=t_sched,
+            t_send=t_send,
+            t_end=clock.now(),
+            chunk_times=tuple(times),
+            chunk_tokens=tuple(tokens),
+            n_in=_n_in(req),
+            n_asked=req.max_tokens,
+            n_out_reported=reported,
+            error=error,
+            engine_stats=engine_stats,
+            lag=t_send - (t_sched if t_intended is None else t_intended),
+        )
+
+    async def closed_loop(
+        self, requests: Sequence[GenerationRequest], concurrency: int
+    ) -> list[RequestRecord]:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        pending = iter(range(len(requests)))
+        out: list[RequestRecord | None] = [None] * len(requests)
+
+        async def user() -> None:
+            for i in pending:  # shared iterator: each index goes to exactly one user
+                # closed loop: a request is due the moment its user is free
+                out[i] = await self.one(requests[i], self.clock.now())
+
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+        return [r for r in out if r is not None]
+
+    async def open_loop(
+        self, requests: Sequence[GenerationRequest], offsets: npt.NDArray[np.float64]
+    ) -> list[RequestRecord]:
+        if len(requests) != len(offsets):
+            raise ValueError("one scheduled offset per request")
+        start = self.clock.now()
+
+        async def fire(i: int) -> RequestRecord:
+            t_sched = start + float(offsets[i])
+            await _sleep_until(self.clock, t_sched)
+            return await self.one(requests[i], t_sched)
+
+        return list(await asyncio.gather(*(fire(i) for i in range(len(requests)))))
+
+    async def static_batches(
+        self, requests: Sequence[GenerationRequest], offsets: npt.NDArray[np.float64], batch: int
+    ) -> list[RequestRecord]:
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        start = self.clock.now()
+        due = start + np.asarray(offsets, dtype=np.float64)
+        out: list[RequestRecord] = []
+        prev_end = start
+        for first in range(0, len(requests), batch):
+            group = range(first, min(first + batch, len(requests)))
+            # released when full and the previous group is done; sleeping past that is lag
+            released = max(float(due[group[-1]]), prev_end)
+            await _sleep_until(self.clock, released)
+            out.extend(
+                await asyncio.gather(
+                    *(self.one(requests[i], float(due[i]), t_intended=released) for i in group)
+                )
+            )
+            prev_end = self.clock.now()
+        return out

@@ -1,0 +1,22 @@
+"""Session fixtures the workloads share: the vLLM server behind ``--engine=openai``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from harness.config import RunSettings
+from workloads.generative import model_dir
+
+
+@pytest.fixture(scope="session")
+def openai_endpoint(
+    harness_settings: RunSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A real vLLM OpenAI server on a free loopback port, serving the run's model."""
+    from engines.vllm_server import vllm_server  # noqa: PLC0415
+
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    with vllm_server(model_dir(harness_settings), log) as server:
+        yield server.base_url

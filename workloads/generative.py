@@ -1,0 +1,116 @@
+"""Shared pieces of the generative workloads: model, seeded requests, engine, recording."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from harness import stats
+from harness.cell import Cell
+from harness.config import RunSettings
+from harness.engine import EngineError, GenerationRequest, GenerativeEngine
+from harness.plugin import OpenEngine
+from harness.records import Headline
+from harness.streaming import RequestRecord, StreamMetrics
+from harness.validity import Evidence
+
+FIRST_ID = 4  # ids below are the tokenizer's special tokens (<s>, </s>, <unk>, <pad>)
+
+
+def model_dir(settings: RunSettings) -> Path:
+    if settings.model is not None:
+        return settings.model
+    from workloads.llm import embedded_llm  # noqa: PLC0415  (needs torch/transformers)
+
+    return embedded_llm(settings.seed)
+
+
+def vocab_size(model: Path) -> int:
+    config = model / "config.json"
+    if not config.is_file():
+        raise EngineError(f"{model} has no config.json: give a Hugging Face model directory")
+    return int(json.loads(config.read_text())["vocab_size"])
+
+
+def lengths(rng: np.random.Generator, n: int, median: int, low: int, high: int) -> list[int]:
+    """Seeded log-normal lengths around ``median``, clipped to ``[low, high]``."""
+    raw = rng.lognormal(np.log(median), 0.5, size=n)
+    return [int(x) for x in np.clip(np.rint(raw), low, high)]
+
+
+def make_requests(
+    n: int, seed: int, vocab: int, prompt: tuple[int, int, int], output: tuple[int, int, int]
+) -> list[GenerationRequest]:
+    """Unique token-id prompts (no prefix cache can flatter them) and asked output lengths."""
+    rng = np.random.default_rng(seed)
+    p_lens, o_lens = lengths(rng, n, *prompt), lengths(rng, n, *output)
+    requests = []
+    for i, (p, o) in enumerate(zip(p_lens, o_lens, strict=True)):
+        ids = tuple(int(t) for t in rng.integers(FIRST_ID, vocab, size=p))
+        requests.append(GenerationRequest(prompt=ids, max_tokens=o, request_id=f"r{seed}-{i}"))
+    if len({r.prompt for r in requests}) != n:
+        raise RuntimeError("duplicate prompts: the seeded generator must give unique prompts")
+    return requests
+
+
+def open_generative(
+    request: pytest.FixtureRequest,
+    open_engine: OpenEngine,
+    cell: Cell,
+    model: Path,
+    options: dict[str, str] | None = None,
+) -> GenerativeEngine:
+    opts = dict(options or {})
+    settings: RunSettings = request.getfixturevalue("harness_settings")
+    if cell.engine == "openai" and "base_url" not in settings.engine_options.get("openai", {}):
+        opts["base_url"] = request.getfixturevalue("openai_endpoint")
+    engine = open_engine(model, options=opts, shared=True)
+    if not isinstance(engine, GenerativeEngine):
+        raise EngineError(f"{cell.engine} is not a generative engine")
+    return engine
+
+
+HEADLINE = (
+    Headline(label="TTFT p50", metric="ttft.p50", unit="ms", scale=1e3),
+    Headline(label="p99", metric="ttft.p99", unit="ms", scale=1e3),
+    Headline(label="TPOT p50", metric="tpot.p50", unit="ms", scale=1e3),
+    Headline(label="E2E p99", metric="e2e.p99", unit="ms", scale=1e3),
+    Headline(label="out", metric="throughput.output_tokens_per_s", unit="tok/s"),
+    Headline(label="goodput", metric="throughput.goodput_requests_per_s", unit="req/s"),
+)
+
+
+def finish(
+    cell: Cell,
+    settings: RunSettings,
+    records: list[RequestRecord],
+    *,
+    offered_rate: float | None,
+    seed: int,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Summarize the requests into the cell's metrics, evidence and samples."""
+    m = StreamMetrics(records, settings.slos)
+    metrics = m.to_json() | (extra or {})
+    lag = [r.lag for r in records]
+    achieved = len(m.ok) / m.window_s if m.window_s > 0 else 0.0
+    samples = {k: stats.as_samples(v) for k, v in m.samples().items() if k != "icl"}
+    cell.finish(
+        metrics=metrics,
+        evidence=Evidence(
+            samples=len(m.ok),
+            failed=m.failed,
+            window_s=m.window_s,
+            lag_p99_s=stats.conservative(lag, 99.0) if offered_rate else None,
+            offered_rate=offered_rate,
+            achieved_rate=achieved if offered_rate else None,
+        ),
+        headline=HEADLINE,
+        samples=samples,
+        window={"duration_s": m.window_s, "requests": len(records)},
+        seeds={"requests": seed, "model": settings.seed},
+    )

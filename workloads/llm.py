@@ -1,0 +1,127 @@
+"""The embedded generative model: a tiny random-weight Llama with a locally trained tokenizer.
+
+Generated deterministically (seeded weights, a seeded synthetic corpus for a byte-level
+BPE tokenizer) and cached under ``$HARNESS_CACHE_DIR/llm/<key>``, where the key hashes
+the generator version, the seed, the architecture and the library versions. It loads
+offline (``HF_HUB_OFFLINE=1``) in vLLM and any Hugging Face-compatible server.
+
+Head size is 64 (hidden 128, 2 heads): vLLM's CPU attention kernels reject head size 16.
+Needs ``torch``, ``transformers`` and ``tokenizers`` (the vllm extra).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from workloads.models import cache_dir
+
+GENERATOR_VERSION = 1
+NAME = "tiny-llama"
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 2048
+
+
+SHAPE = LlamaShape()
+SPECIAL_TOKENS = {
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "pad_token": "<pad>",
+}
+SPECIAL = list(SPECIAL_TOKENS.values())  # ids 0..3, in this order
+
+
+def corpus(seed: int, sentences: int = 4000) -> list[str]:
+    """Seeded pseudo-text: words built from syllables, so BPE has structure to learn."""
+    import numpy as np  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    words = ["".join(rng.choice(syllables, size=rng.integers(1, 4))) for _ in range(600)]
+    return [
+        " ".join(rng.choice(words, size=rng.integers(4, 16))).capitalize() + "."
+        for _ in range(sentences)
+    ]
+
+
+def _key(seed: int) -> str:
+    parts = {
+        "generator": GENERATOR_VERSION,
+        "seed": seed,
+        "shape": asdict(SHAPE),
+        "libs": {lib: version(lib) for lib in ("torch", "transformers", "tokenizers")},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _build(target: Path, seed: int) -> None:
+    import torch  # noqa: PLC0415
+    from tokenizers import ByteLevelBPETokenizer  # noqa: PLC0415
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: PLC0415
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        corpus(seed),
+        vocab_size=SHAPE.vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL,
+        show_progress=False,
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, **SPECIAL_TOKENS)
+    tokenizer.save_pretrained(target)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        **asdict(SHAPE) | {"vocab_size": max(SHAPE.vocab_size, len(tokenizer))},
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(target, safe_serialization=True)
+    (target / "harness-model.json").write_text(
+        json.dumps({"name": NAME, "seed": seed, "generator_version": GENERATOR_VERSION}, indent=1)
+    )
+
+
+def embedded_llm(seed: int = 0) -> Path:
+    """Directory of the tiny Llama for ``seed``, built on first use and cached."""
+    path = cache_dir().parent / "llm" / f"{NAME}-s{seed}-{_key(seed)}"
+    if (path / "harness-model.json").is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
+    try:
+        _build(tmp, seed)
+        os.replace(tmp, path)  # atomic: a concurrent builder's result is equivalent
+    except OSError:
+        if not (path / "harness-model.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def describe(path: Path) -> dict[str, Any]:
+    info: dict[str, Any] = json.loads((path / "harness-model.json").read_text())
+    info["path"] = str(path)
+    info["shape"] = asdict(SHAPE)
+    return info

@@ -1,0 +1,69 @@
+"""Continuous (iteration-level) batching vs a static-batching baseline, same engine.
+
+One seeded open-loop request stream (Poisson arrivals, output lengths that vary) is
+served two ways through the same engine: ``continuous`` sends every request when it is
+due and lets the engine batch at each iteration; ``static`` admits requests in groups of
+``max_num_seqs``: a group starts when it is full and the previous group has finished,
+so short requests wait for the longest one. Across ``max_num_seqs`` (an engine setting:
+each value is its own engine instance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from harness.cell import Cell
+from harness.clock import MonotonicClock
+from harness.config import RunSettings
+from harness.genload import Driver
+from harness.loadgen import OpenLoop
+from harness.plugin import OpenEngine
+from workloads.generative import finish, make_requests, model_dir, open_generative, vocab_size
+
+PROMPT = (64, 16, 256)
+OUTPUT = (32, 4, 128)  # wide spread: what static batching pays for
+RATE = 16.0
+GRID = [("continuous", 16), ("static", 16), ("continuous", 4), ("static", 4)]
+SERVER_SEQS = 16  # the harness-started server's max_num_seqs (engines/vllm_server.py)
+TIMEOUT_S = 300.0
+
+
+@pytest.mark.requires(family="generative", native_batching="continuous")
+@pytest.mark.parametrize(("mode", "max_num_seqs"), GRID, ids=[f"{m}-seqs{s}" for m, s in GRID])
+def test_continuous_batching(
+    request: pytest.FixtureRequest,
+    cell: Cell,
+    open_engine: OpenEngine,
+    harness_settings: RunSettings,
+    aio: asyncio.Runner,
+    mode: str,
+    max_num_seqs: int,
+) -> None:
+    if cell.engine == "openai" and max_num_seqs != SERVER_SEQS:
+        pytest.skip(
+            f"max_num_seqs is a server setting; the harness-started server uses {SERVER_SEQS}"
+        )
+    options = {} if cell.engine == "openai" else {"max_num_seqs": str(max_num_seqs)}
+    model = model_dir(harness_settings)
+    engine = open_generative(request, open_engine, cell, model, options)
+    seed = harness_settings.seed + 2000
+    n = harness_settings.profile.gen_requests
+    reqs = make_requests(n, seed, vocab_size(model), PROMPT, OUTPUT)
+    offsets = OpenLoop(rate=RATE, duration=n / RATE).schedule(seed)[:n]
+    reqs = reqs[: len(offsets)]
+    driver = Driver(engine, MonotonicClock(), TIMEOUT_S)
+    aio.run(driver.closed_loop(make_requests(4, seed + 1, vocab_size(model), PROMPT, OUTPUT), 4))
+    if mode == "continuous":
+        records = aio.run(driver.open_loop(reqs, offsets))
+    else:
+        records = aio.run(driver.static_batches(reqs, offsets, max_num_seqs))
+    finish(
+        cell,
+        harness_settings,
+        records,
+        offered_rate=len(offsets) / (n / RATE),
+        seed=seed,
+        extra={"batching": {"mode": mode, "max_num_seqs": max_num_seqs, "rate": RATE}},
+    )

@@ -1,0 +1,54 @@
+"""Streaming generation: TTFT, ITL, TPOT, E2E, output tokens/s and goodput.
+
+Closed loop at several concurrencies and open loop (Poisson) at several request rates;
+prompt and output lengths from seeded log-normal distributions, unique prompts per
+request, ``ignore_eos`` so every request produces exactly the tokens it asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from harness.cell import Cell
+from harness.clock import MonotonicClock
+from harness.config import RunSettings
+from harness.genload import Driver
+from harness.loadgen import OpenLoop
+from harness.plugin import OpenEngine
+from workloads.generative import finish, make_requests, model_dir, open_generative, vocab_size
+
+PROMPT = (64, 16, 256)  # median, min, max tokens
+OUTPUT = (32, 8, 64)
+LOADS = [("closed", 1.0), ("closed", 4.0), ("open", 8.0), ("open", 24.0)]
+TIMEOUT_S = 120.0
+
+
+@pytest.mark.requires(family="generative", streaming=True)
+@pytest.mark.parametrize(("load", "level"), LOADS, ids=[f"{a}-{b:g}" for a, b in LOADS])
+def test_streaming(
+    request: pytest.FixtureRequest,
+    cell: Cell,
+    open_engine: OpenEngine,
+    harness_settings: RunSettings,
+    aio: asyncio.Runner,
+    load: str,
+    level: float,
+) -> None:
+    model = model_dir(harness_settings)
+    engine = open_generative(request, open_engine, cell, model)
+    seed = harness_settings.seed + 1000
+    n = harness_settings.profile.gen_requests
+    reqs = make_requests(n, seed, vocab_size(model), PROMPT, OUTPUT)
+    warm = make_requests(4, seed + 1, vocab_size(model), PROMPT, OUTPUT)
+    driver = Driver(engine, MonotonicClock(), TIMEOUT_S)
+    aio.run(driver.closed_loop(warm, 4))
+    if load == "closed":
+        records = aio.run(driver.closed_loop(reqs, int(level)))
+        offered = None
+    else:
+        offsets = OpenLoop(rate=level, duration=n / level).schedule(seed)[:n]
+        records = aio.run(driver.open_loop(reqs[: len(offsets)], offsets))
+        offered = len(offsets) / (n / level)
+    finish(cell, harness_settings, records, offered_rate=offered, seed=seed)
