@@ -22,8 +22,9 @@ class Run:
     records: dict[str, CellRecord]
 
 
-def run_workloads(tmp: Path, *args: str) -> Run:
-    results = tmp / "runs"
+def run_workloads(tmp: Path, *args: str, results: Path | None = None) -> Run:
+    results = results or tmp / "runs"
+    before = set(results.iterdir()) if results.is_dir() else set()
     proc = subprocess.run(
         [
             sys.executable,
@@ -37,12 +38,15 @@ def run_workloads(tmp: Path, *args: str) -> Run:
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,
         cwd=REPO,
-        env={**os.environ, "HARNESS_CACHE_DIR": str(tmp / "cache")},
+        env={
+            **os.environ,
+            "HARNESS_CACHE_DIR": os.environ.get("HARNESS_CACHE_DIR") or str(tmp / "cache"),
+        },
         check=False,
     )
-    runs = list(results.iterdir()) if results.is_dir() else []
+    runs = [p for p in results.iterdir() if p not in before] if results.is_dir() else []
     assert len(runs) == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     records = {r.cell_id: r for r in store.read_records(runs[0])}
     return Run(proc.returncode, proc.stdout + proc.stderr, runs[0], records)

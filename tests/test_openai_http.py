@@ -1,0 +1,190 @@
+"""The OpenAI-compatible adapter on recorded and malformed SSE streams (httpx MockTransport)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from engines.openai_http import OpenAIEngine, RequestFailed, StreamState
+from harness.engine import EngineConfig, GenerationRequest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("httpx_sse")
+
+
+def sse(*events: object, done: bool = True) -> bytes:
+    lines = [f"data: {json.dumps(e) if not isinstance(e, str) else e}\n\n" for e in events]
+    if done:
+        lines.append("data: [DONE]\n\n")
+    return "".join(lines).encode()
+
+
+def completion(text: str, completion_tokens: int | None, finish: str | None = None) -> dict:
+    event: dict = {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+    if completion_tokens is not None:
+        event["usage"] = {"prompt_tokens": 5, "completion_tokens": completion_tokens}
+    return event
+
+
+# A stream recorded from vLLM 0.32 (ids and timestamps trimmed), running usage on:
+# note the chunk whose text is empty but which carries a token.
+RECORDED = sse(
+    completion(" nobiso", 1),
+    completion("esine", 2),
+    completion("", 3),
+    completion("firo", 4),
+    completion(" goke", 5, "length"),
+    {"choices": [], "usage": {"prompt_tokens": 5, "total_tokens": 10, "completion_tokens": 5}},
+)
+
+
+def test_recorded_stream_counts_tokens_from_running_usage():
+    state = StreamState("completions")
+    chunks = []
+    for block in RECORDED.decode().split("\n\n"):
+        if block.startswith("data: "):
+            chunk = state.feed(block.removeprefix("data: "))
+            if chunk is not None:
+                chunks.append(chunk)
+    state.close()
+    assert [c.n_tokens for c in chunks] == [1, 1, 1, 1, 1, 0]
+    assert chunks[2].text == ""  # a token with empty text still counts
+    assert chunks[-1].completion_tokens == 5
+    assert chunks[4].finish_reason == "length"
+    assert state.running_usage
+
+
+def test_multi_token_chunks_are_counted_by_usage_difference():
+    state = StreamState("completions")
+    a = state.feed(json.dumps(completion("ab", 2)))
+    b = state.feed(json.dumps(completion("cde", 5)))
+    assert (a.n_tokens, b.n_tokens) == (2, 3)
+
+
+def test_without_running_usage_each_text_chunk_counts_once():
+    state = StreamState("chat")
+    role = state.feed(
+        json.dumps({"choices": [{"delta": {"role": "assistant"}, "finish_reason": None}]})
+    )
+    tok = state.feed(json.dumps({"choices": [{"delta": {"content": "hi"}, "finish_reason": None}]}))
+    assert (role.n_tokens, tok.n_tokens) == (0, 1)
+    assert not state.running_usage
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            '{"error": {"message": "KV cache exhausted", "code": 500}}',
+            "server error event: KV cache exhausted",
+        ),
+        ('{"choices": [{"text": "x"', "malformed SSE data"),
+        ("[1, 2]", "unexpected SSE payload"),
+    ],
+)
+def test_malformed_and_error_events_fail_the_request(data, message):
+    with pytest.raises(RequestFailed, match=message):
+        StreamState("completions").feed(data)
+
+
+def test_truncated_stream_fails_on_close():
+    state = StreamState("completions")
+    state.feed(json.dumps(completion("a", 1)))
+    with pytest.raises(RequestFailed, match="stream truncated"):
+        state.close()
+
+
+def engine_for(handler, monkeypatch, **options):
+    transport = httpx.MockTransport(handler)
+    real_async, real_sync = httpx.AsyncClient, httpx.Client
+    monkeypatch.setattr(httpx, "AsyncClient", lambda **kw: real_async(transport=transport, **kw))
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real_sync(transport=transport, **kw))
+    engine = OpenAIEngine(
+        EngineConfig(
+            model=__import__("pathlib").Path("m"),
+            options={"base_url": "http://127.0.0.1:9", **options},
+        )
+    )
+    engine.load()
+    return engine
+
+
+def server(stream_body: bytes, status: int = 200, seen: list | None = None):
+    def handler(request):
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny"}]})
+        if request.url.path == "/version":
+            return httpx.Response(200, json={"version": "test"})
+        if seen is not None:
+            seen.append(request)
+        if status != 200:
+            return httpx.Response(status, json={"error": {"message": "overloaded"}})
+        return httpx.Response(
+            200, content=stream_body, headers={"content-type": "text/event-stream"}
+        )
+
+    return handler
+
+
+async def collect(engine, req):
+    return [c async for c in engine.generate(req)]
+
+
+def test_engine_streams_a_recorded_response_and_sends_what_was_asked(monkeypatch):
+    seen: list = []
+    engine = engine_for(server(RECORDED, seen=seen), monkeypatch)
+    chunks = asyncio.run(collect(engine, GenerationRequest(prompt=(5, 6, 7), max_tokens=5)))
+    assert sum(c.n_tokens for c in chunks) == 5
+    body = json.loads(seen[0].content)
+    assert body["prompt"] == [5, 6, 7]
+    assert body["max_tokens"] == 5
+    assert body["ignore_eos"] is True
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["model"] == "tiny"  # discovered from /v1/models
+    assert engine.describe()["token_counts"] == "server running usage"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (b"", 429, "HTTP 429"),
+        (b"", 500, "HTTP 500"),
+        (sse(completion("a", 1), done=False), 200, "stream truncated"),
+        (
+            sse(completion("a", 1), '{"error": {"message": "boom"}}'),
+            200,
+            "server error event: boom",
+        ),
+    ],
+)
+def test_engine_failures_are_request_failures(monkeypatch, body, status, message):
+    engine = engine_for(server(body, status), monkeypatch)
+    with pytest.raises(RequestFailed, match=message):
+        asyncio.run(collect(engine, GenerationRequest(prompt=(1,), max_tokens=2)))
+
+
+def test_api_key_comes_from_the_environment_and_never_shows(monkeypatch):
+    monkeypatch.setenv("MY_KEY", "sk-secret-123")
+    seen: list = []
+    engine = engine_for(server(RECORDED, seen=seen), monkeypatch, api_key_env="MY_KEY")
+    asyncio.run(collect(engine, GenerationRequest(prompt=(1,), max_tokens=5)))
+    assert seen[0].headers["authorization"] == "Bearer sk-secret-123"
+    described = json.dumps(engine.describe())
+    assert "sk-secret" not in described
+    assert engine.describe()["api_key"] == "set"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"api": "embeddings"}, "api must be"),
+        ({"base_url": "127.0.0.1:8000"}, "http://"),
+        ({"timeout_s": "-1"}, "positive"),
+        ({"x": "1"}, "unknown option"),
+    ],
+)
+def test_bad_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        OpenAIEngine.validate_options(options)

