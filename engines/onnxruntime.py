@@ -25,6 +25,7 @@ from harness.engine import (
     EngineError,
     Family,
     TensorSpec,
+    reject_unknown_options,
 )
 
 if TYPE_CHECKING:
@@ -112,10 +113,7 @@ class OnnxRuntimeEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            known = "; ".join(f"{k}: {v}" for k, v in OPTIONS.items())
-            raise ValueError(f"unknown option(s) {', '.join(unknown)}; known: {known}")
+        reject_unknown_options(options, OPTIONS)
         for key in ("intra_op_threads", "inter_op_threads"):
             if key in options and (not options[key].isdigit() or int(options[key]) < 1):
                 raise ValueError(f"{key} must be a positive integer, got {options[key]!r}")

@@ -29,6 +29,7 @@ from harness.engine import (
     EngineError,
     Family,
     GenerationRequest,
+    reject_unknown_options,
 )
 
 OPTIONS = {
@@ -145,9 +146,7 @@ class OpenAIEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+        reject_unknown_options(options, OPTIONS)
         if options.get("api", "completions") not in ("completions", "chat"):
             raise ValueError("api must be completions or chat")
         url = options.get("base_url", "")

@@ -23,6 +23,7 @@ from harness.engine import (
     EngineError,
     Family,
     GenerationRequest,
+    reject_unknown_options,
 )
 
 DEFAULTS = {
@@ -95,9 +96,7 @@ class VllmEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+        reject_unknown_options(options, OPTIONS)
         for key in _INTS:
             if key in options and (
                 not options[key].isdigit() or int(options[key]) < (0 if key == "seed" else 1)

@@ -46,6 +46,14 @@ class EngineUnavailable(EngineError):
     """The engine cannot run on this machine; the message says precisely why."""
 
 
+def reject_unknown_options(options: Mapping[str, str], known: Mapping[str, str]) -> None:
+    """For ``validate_options``: a ``ValueError`` naming unknown keys and every known one."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        listing = "; ".join(f"{k}: {v}" for k, v in known.items())
+        raise ValueError(f"unknown option(s) {', '.join(unknown)}; known: {listing}")
+
+
 @dataclass(frozen=True)
 class Availability:
     """Whether an engine can run here for a device, and if not, why."""
