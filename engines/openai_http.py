@@ -191,6 +191,22 @@ class OpenAIEngine:
                 version.json().get("version") if version.status_code == 200 else None
             )
 
+    def counters(self) -> dict[str, float]:
+        """The server's Prometheus counters and histogram sums/counts, summed over labels."""
+        import httpx  # noqa: PLC0415
+        from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+        with httpx.Client(base_url=self.base_url, headers=self._headers(), timeout=10.0) as sync:
+            resp = sync.get("/metrics")
+        if resp.status_code != 200:
+            return {}
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(resp.text):
+            for sample in family.samples:
+                if sample.name.endswith(("_sum", "_count", "_total")):
+                    totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+        return totals
+
     def describe(self) -> dict[str, Any]:
         return {
             "engine": self.name,

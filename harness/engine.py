@@ -213,6 +213,30 @@ class GenerativeEngine(Engine, Protocol):
     def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]: ...
 
 
+@runtime_checkable
+class ExposesCounters(Protocol):
+    """An engine whose server keeps cumulative counters (e.g. Prometheus ``/metrics``).
+
+    Read before and after a cell; the difference is the engine's own account of the
+    cell, stored beside the client-side numbers.
+    """
+
+    def counters(self) -> dict[str, float]: ...
+
+
+def counter_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """``after - before`` for every counter present in both, plus ``<x>_mean`` for each
+    ``<x>_sum``/``<x>_count`` pair (a histogram's mean over the cell)."""
+    delta = {k: after[k] - before[k] for k in sorted(after) if k in before}
+    for key in list(delta):
+        if key.endswith("_sum"):
+            base = key.removesuffix("_sum")
+            count = delta.get(f"{base}_count", 0.0)
+            if count > 0:
+                delta[f"{base}_mean"] = delta[key] / count
+    return delta
+
+
 class EngineFactory(Protocol):
     """An adapter class: constructing it must not import or start the engine."""
 

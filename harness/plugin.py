@@ -152,6 +152,19 @@ def _planned(item: pytest.Function) -> PlannedCell:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group cells by engine, in ``--engine`` order, so each engine starts once and runs
+    alone (a server or engine of the next one is not yet up and polling)."""
+    order = {name: i for i, name in enumerate(settings_of(config).engines)}
+
+    def engine_rank(item: pytest.Item) -> int:
+        spec = getattr(item, "callspec", None)
+        engine = spec.params.get(ENGINE_ARG) if spec else None
+        return order.get(str(engine), -1)
+
+    items.sort(key=engine_rank)  # stable: the workloads' own order is kept within an engine
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     cells = [item for item in session.items if _is_cell(item)]
     if not cells or session.config.option.collectonly:
@@ -231,14 +244,19 @@ class OpenEngine(Protocol):
 
 
 class EnginePool:
-    """Loaded engines shared by every cell with the same configuration (vLLM takes tens
-    of seconds to start). A failed load is remembered so later cells fail at once."""
+    """The shared engine of consecutive cells with the same configuration (vLLM takes
+    tens of seconds to start). One engine is kept alive at a time: an idle engine (vLLM's
+    engine core polls) would take CPU from the one being measured. A failed load is
+    remembered so later cells of that configuration fail at once."""
 
     def __init__(self) -> None:
         self._engines: dict[tuple[str, ...], Engine | EngineError] = {}
 
     def get(self, key: tuple[str, ...], make: Callable[[], Engine]) -> Engine:
         if key not in self._engines:
+            errors = self.close_all(keep_failures=True)
+            if errors:
+                raise EngineError("closing the previous shared engine failed: " + "; ".join(errors))
             try:
                 self._engines[key] = make()
             except EngineError as exc:
@@ -248,16 +266,18 @@ class EnginePool:
             raise EngineError(f"engine failed to load for an earlier cell: {found}")
         return found
 
-    def close_all(self) -> list[str]:
+    def close_all(self, keep_failures: bool = False) -> list[str]:
         errors = []
-        for engine in self._engines.values():
+        for key, engine in list(self._engines.items()):
             if isinstance(engine, EngineError):
+                if not keep_failures:
+                    del self._engines[key]
                 continue
+            del self._engines[key]
             try:
                 engine.close()
             except Exception as exc:  # close every engine even if one fails
                 errors.append(f"{type(exc).__name__}: {exc}")
-        self._engines.clear()
         return errors
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engines.openai_http import OpenAIEngine, RequestFailed, StreamState
-from harness.engine import EngineConfig, GenerationRequest
+from harness.engine import EngineConfig, GenerationRequest, counter_delta
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("httpx_sse")
@@ -188,3 +188,36 @@ def test_api_key_comes_from_the_environment_and_never_shows(monkeypatch):
 def test_bad_options(options, message):
     with pytest.raises(ValueError, match=message):
         OpenAIEngine.validate_options(options)
+
+
+def test_counters_are_read_from_prometheus_metrics(monkeypatch):
+    pytest.importorskip("prometheus_client")
+    text = (
+        "# HELP vllm:time_to_first_token_seconds ttft\n"
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{model_name="tiny",le="+Inf"} 4.0\n'
+        'vllm:time_to_first_token_seconds_count{model_name="tiny"} 4.0\n'
+        'vllm:time_to_first_token_seconds_sum{model_name="tiny"} 0.2\n'
+        "# HELP vllm:generation_tokens counter\n"
+        "# TYPE vllm:generation_tokens counter\n"
+        'vllm:generation_tokens_total{model_name="tiny"} 128.0\n'
+    )
+
+    def handler(request):
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=text)
+        return server(RECORDED)(request)
+
+    engine = engine_for(handler, monkeypatch)
+    counters = engine.counters()
+    assert counters["vllm:time_to_first_token_seconds_sum"] == pytest.approx(0.2)
+    assert counters["vllm:time_to_first_token_seconds_count"] == 4.0
+    assert counters["vllm:generation_tokens_total"] == 128.0
+
+
+def test_counter_delta_gives_histogram_means():
+    before = {"x_sum": 1.0, "x_count": 10.0, "t_total": 5.0}
+    after = {"x_sum": 1.6, "x_count": 13.0, "t_total": 9.0, "new_total": 1.0}
+    assert counter_delta(before, after) == pytest.approx(
+        {"t_total": 4.0, "x_count": 3.0, "x_sum": 0.6, "x_mean": 0.2}
+    )

@@ -1,11 +1,13 @@
 """The pytest plugin, driven through pytester: usage errors, records for every cell."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from harness import registry, store
-from harness.plugin import CELL  # noqa: F401  (the plugin must import cleanly)
+from harness.engine import EngineConfig, EngineError
+from harness.plugin import EnginePool
 from tests.fakes import FakeGenerativeEngine, FakeTensorEngine, FakeUnavailableEngine
 
 pytest_plugins = ["pytester"]
@@ -189,3 +191,31 @@ def test_o(cell, open_engine, tmp_path):
     )
     result.assert_outcomes(passed=1, errors=1)  # no result reported, but the option arrived
     result.stdout.fnmatch_lines(["*cells: 1 failed*"])
+
+
+def test_cells_run_grouped_by_engine_in_option_order(pytester, fakes):
+    pytester.makepyfile(test_wl=CELLS)
+    results = pytester.path / "runs"
+    pytester.runpytest("--engine=fake-unavailable,fake-tensor", f"--results-dir={results}")
+    (run_dir,) = list(results.iterdir())
+    engines = [c.engine for c in store.read_manifest(run_dir).planned]
+    assert engines == ["fake-unavailable"] * 4 + ["fake-tensor"] * 4
+
+
+def test_engine_pool_keeps_one_engine_and_remembers_failures():
+    pool = EnginePool()
+    a = pool.get(("a",), lambda: FakeTensorEngine(EngineConfig(model=Path("m"))))
+    assert pool.get(("a",), lambda: pytest.fail("must reuse")) is a
+    b = pool.get(("b",), lambda: FakeTensorEngine(EngineConfig(model=Path("m"))))
+    assert a.closed
+    assert not b.closed
+
+    def broken():
+        raise EngineError("no such model")
+
+    with pytest.raises(EngineError, match="earlier cell: no such model"):
+        pool.get(("c",), broken)
+    assert b.closed
+    with pytest.raises(EngineError, match="earlier cell"):
+        pool.get(("c",), lambda: pytest.fail("must not retry a failed load"))
+    assert pool.close_all() == []

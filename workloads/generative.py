@@ -12,7 +12,13 @@ import pytest
 from harness import stats
 from harness.cell import Cell
 from harness.config import RunSettings
-from harness.engine import EngineError, GenerationRequest, GenerativeEngine
+from harness.engine import (
+    EngineError,
+    ExposesCounters,
+    GenerationRequest,
+    GenerativeEngine,
+    counter_delta,
+)
 from harness.plugin import OpenEngine
 from harness.records import Headline
 from harness.streaming import RequestRecord, StreamMetrics
@@ -82,6 +88,30 @@ HEADLINE = (
     Headline(label="out", metric="throughput.output_tokens_per_s", unit="tok/s"),
     Headline(label="goodput", metric="throughput.goodput_requests_per_s", unit="req/s"),
 )
+
+
+ENGINE_COUNTERS = (
+    "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:num_preemptions_total",
+)
+
+
+def read_counters(engine: GenerativeEngine) -> dict[str, float] | None:
+    return engine.counters() if isinstance(engine, ExposesCounters) else None
+
+
+def engine_counters(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float]:
+    """The server's own account of the cell (a vLLM server: /metrics deltas)."""
+    if before is None or after is None:
+        return {}
+    delta = counter_delta(before, after)
+    return {k: v for k, v in delta.items() if k.startswith(ENGINE_COUNTERS)}
 
 
 def finish(

@@ -20,11 +20,19 @@ from harness.config import RunSettings
 from harness.genload import Driver
 from harness.loadgen import OpenLoop
 from harness.plugin import OpenEngine
-from workloads.generative import finish, make_requests, model_dir, open_generative, vocab_size
+from workloads.generative import (
+    engine_counters,
+    finish,
+    make_requests,
+    model_dir,
+    open_generative,
+    read_counters,
+    vocab_size,
+)
 
 PROMPT = (64, 16, 256)
 OUTPUT = (32, 4, 128)  # wide spread: what static batching pays for
-RATE = 16.0
+RATE = 8.0  # about half of what one 2-core CPU serves: load, not overload
 GRID = [("continuous", 16), ("static", 16), ("continuous", 4), ("static", 4)]
 SERVER_SEQS = 16  # the harness-started server's max_num_seqs (engines/vllm_server.py)
 TIMEOUT_S = 300.0
@@ -55,15 +63,20 @@ def test_continuous_batching(
     reqs = reqs[: len(offsets)]
     driver = Driver(engine, MonotonicClock(), TIMEOUT_S)
     aio.run(driver.closed_loop(make_requests(4, seed + 1, vocab_size(model), PROMPT, OUTPUT), 4))
+    before = read_counters(engine)
     if mode == "continuous":
         records = aio.run(driver.open_loop(reqs, offsets))
     else:
         records = aio.run(driver.static_batches(reqs, offsets, max_num_seqs))
+    counters = engine_counters(before, read_counters(engine))
     finish(
         cell,
         harness_settings,
         records,
         offered_rate=len(offsets) / (n / RATE),
         seed=seed,
-        extra={"batching": {"mode": mode, "max_num_seqs": max_num_seqs, "rate": RATE}},
+        extra={
+            "batching": {"mode": mode, "max_num_seqs": max_num_seqs, "rate": RATE},
+            "engine_counters": counters,
+        },
     )

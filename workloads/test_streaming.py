@@ -17,11 +17,19 @@ from harness.config import RunSettings
 from harness.genload import Driver
 from harness.loadgen import OpenLoop
 from harness.plugin import OpenEngine
-from workloads.generative import finish, make_requests, model_dir, open_generative, vocab_size
+from workloads.generative import (
+    engine_counters,
+    finish,
+    make_requests,
+    model_dir,
+    open_generative,
+    read_counters,
+    vocab_size,
+)
 
 PROMPT = (64, 16, 256)  # median, min, max tokens
 OUTPUT = (32, 8, 64)
-LOADS = [("closed", 1.0), ("closed", 4.0), ("open", 8.0), ("open", 24.0)]
+LOADS = [("closed", 1.0), ("closed", 4.0), ("open", 4.0), ("open", 12.0)]
 TIMEOUT_S = 120.0
 
 
@@ -44,6 +52,7 @@ def test_streaming(
     warm = make_requests(4, seed + 1, vocab_size(model), PROMPT, OUTPUT)
     driver = Driver(engine, MonotonicClock(), TIMEOUT_S)
     aio.run(driver.closed_loop(warm, 4))
+    before = read_counters(engine)
     if load == "closed":
         records = aio.run(driver.closed_loop(reqs, int(level)))
         offered = None
@@ -51,4 +60,12 @@ def test_streaming(
         offsets = OpenLoop(rate=level, duration=n / level).schedule(seed)[:n]
         records = aio.run(driver.open_loop(reqs[: len(offsets)], offsets))
         offered = len(offsets) / (n / level)
-    finish(cell, harness_settings, records, offered_rate=offered, seed=seed)
+    counters = engine_counters(before, read_counters(engine))
+    finish(
+        cell,
+        harness_settings,
+        records,
+        offered_rate=offered,
+        seed=seed,
+        extra={"engine_counters": counters},
+    )
