@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
+from engines.vllm_server import POLLER_NICENESS, deprioritize_pollers
 from harness.engine import (
     Availability,
     BatchingMode,
@@ -72,6 +73,7 @@ class VllmEngine:
         self.options = {**DEFAULTS, **config.options}
         self._llm: Any = None
         self._n = 0
+        self._reniced: list[int] = []
 
     @classmethod
     def probe(cls, device: str) -> Availability:
@@ -126,6 +128,9 @@ class VllmEngine:
     def load(self) -> None:
         if self.config.device == "cpu":
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = self.options["kv_cache_space_gib"]
+        # vLLM's message queues otherwise bind the machine's own non-loopback address.
+        os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+        os.environ.setdefault("VLLM_LOOPBACK_IP", "127.0.0.1")
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
@@ -133,6 +138,8 @@ class VllmEngine:
             self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args()))
         except Exception as exc:
             raise EngineError(f"vLLM could not start on {self.config.model}: {exc}") from exc
+        if self.config.device == "cpu":
+            self._reniced = deprioritize_pollers(os.getpid())
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -153,6 +160,8 @@ class VllmEngine:
                 "block_size": cfg.cache_config.block_size,
                 "enforce_eager": bool(cfg.model_config.enforce_eager),
                 "kv_cache_space_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+                "host_ip": os.environ.get("VLLM_HOST_IP"),
+                "workers_reniced_to": POLLER_NICENESS if self._reniced else None,
             }
         return info
 

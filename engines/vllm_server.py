@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 OFFLINE_ENV = {
+    # vLLM's message queues otherwise bind the machine's own non-loopback address
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_LOOPBACK_IP": "127.0.0.1",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",
@@ -66,6 +69,31 @@ def command(model: Path, port: int, extra: Sequence[str] = ()) -> list[str]:
     ]
 
 
+POLLER_NICENESS = 19
+
+
+def deprioritize_pollers(pid: int) -> list[int]:
+    """Renice vLLM's worker processes under ``pid``; returns the pids changed.
+
+    After each step the CPU worker busy-polls its shared-memory queue for a second. On a
+    machine with few cores that spinning starves the API server and the client, which
+    then receive whole responses at once (measured here: TPOT 0.03 ms, TTFT ~ E2E; after
+    renicing the worker: TTFT 10 ms, TPOT 2.3 ms, stable). The worker still gets the CPU
+    when nothing else wants it, which is when it has real work.
+    """
+    import psutil  # noqa: PLC0415
+
+    changed = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if child.name().startswith("VLLM::Worker"):
+                child.nice(POLLER_NICENESS)
+                changed.append(child.pid)
+        except psutil.Error:
+            continue
+    return changed
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:  # noqa: S310 (loopback only)
@@ -97,6 +125,7 @@ def vllm_server(
         )
         try:
             _wait_ready(proc, url, log, ready_timeout_s)
+            deprioritize_pollers(proc.pid)
             yield Server(url, proc.pid, log)
         finally:
             _stop(proc)
