@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
-from engines.vllm_server import POLLER_NICENESS, deprioritize_pollers
+from engines.vllm_server import POLLER_NICENESS, deprioritize_pollers, split_cpus
 from harness.engine import (
     Availability,
     BatchingMode,
@@ -74,6 +74,8 @@ class VllmEngine:
         self._llm: Any = None
         self._n = 0
         self._reniced: list[int] = []
+        self._split: tuple[frozenset[int], frozenset[int]] | None = None
+        self._affinity_before: set[int] | None = None
 
     @classmethod
     def probe(cls, device: str) -> Availability:
@@ -134,10 +136,21 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
+        self._split = split_cpus() if self.config.device == "cpu" else None
+        before = os.sched_getaffinity(0)
+        if self._split:
+            # the engine processes inherit the server cores; this (client) thread then
+            # moves to the others, so the load generator is never preempted by the engine
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(self._split[1])))
+            os.sched_setaffinity(0, self._split[1])
         try:
             self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args()))
         except Exception as exc:
             raise EngineError(f"vLLM could not start on {self.config.model}: {exc}") from exc
+        finally:
+            started = self._llm is not None and self._split is not None
+            os.sched_setaffinity(0, self._split[0] if started and self._split else before)
+        self._affinity_before = before
         if self.config.device == "cpu":
             self._reniced = deprioritize_pollers(os.getpid())
 
@@ -162,6 +175,9 @@ class VllmEngine:
                 "kv_cache_space_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
                 "host_ip": os.environ.get("VLLM_HOST_IP"),
                 "workers_reniced_to": POLLER_NICENESS if self._reniced else None,
+                "cores": {"client": sorted(self._split[0]), "engine": sorted(self._split[1])}
+                if self._split
+                else None,
             }
         return info
 
@@ -201,6 +217,9 @@ class VllmEngine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+        if self._affinity_before is not None:
+            os.sched_setaffinity(0, self._affinity_before)
+            self._affinity_before = None
 
 
 def _stats(metrics: Any) -> dict[str, float] | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from harness.clock import Clock
+from harness.clock import Clock, gc_paused
 from harness.engine import GenerationRequest, GenerativeEngine
 from harness.streaming import RequestRecord
 
@@ -100,7 +100,8 @@ class Driver:
                 # closed loop: a request is due the moment its user is free
                 out[i] = await self.one(requests[i], self.clock.now())
 
-        await asyncio.gather(*(user() for _ in range(concurrency)))
+        with gc_paused():
+            await asyncio.gather(*(user() for _ in range(concurrency)))
         return [r for r in out if r is not None]
 
     async def open_loop(
@@ -108,24 +109,36 @@ class Driver:
     ) -> list[RequestRecord]:
         if len(requests) != len(offsets):
             raise ValueError("one scheduled offset per request")
-        start = self.clock.now()
+        with gc_paused():  # the schedule starts after the collection, not before
+            start = self.clock.now()
 
-        async def fire(i: int) -> RequestRecord:
-            t_sched = start + float(offsets[i])
-            await _sleep_until(self.clock, t_sched)
-            return await self.one(requests[i], t_sched)
+            async def fire(i: int) -> RequestRecord:
+                t_sched = start + float(offsets[i])
+                await _sleep_until(self.clock, t_sched)
+                return await self.one(requests[i], t_sched)
 
-        return list(await asyncio.gather(*(fire(i) for i in range(len(requests)))))
+            return list(await asyncio.gather(*(fire(i) for i in range(len(requests)))))
 
     async def static_batches(
         self, requests: Sequence[GenerationRequest], offsets: npt.NDArray[np.float64], batch: int
     ) -> list[RequestRecord]:
         if batch < 1:
             raise ValueError("batch must be >= 1")
-        start = self.clock.now()
-        due = start + np.asarray(offsets, dtype=np.float64)
         out: list[RequestRecord] = []
-        prev_end = start
+        with gc_paused():
+            start = self.clock.now()
+            due = start + np.asarray(offsets, dtype=np.float64)
+            await self._groups(requests, due, batch, out, start)
+        return out
+
+    async def _groups(
+        self,
+        requests: Sequence[GenerationRequest],
+        due: npt.NDArray[np.float64],
+        batch: int,
+        out: list[RequestRecord],
+        prev_end: float,
+    ) -> None:
         for first in range(0, len(requests), batch):
             group = range(first, min(first + batch, len(requests)))
             # released when full and the previous group is done; sleeping past that is lag
@@ -137,4 +150,3 @@ class Driver:
                 )
             )
             prev_end = self.clock.now()
-        return out

@@ -76,18 +76,26 @@ def test_engines_describe_their_effective_settings(run: Run):
     vllm = cells(run, "vllm", "continuous_batching")
     seqs = {r.params["max_num_seqs"]: r.engine_info["effective"]["max_num_seqs"] for r in vllm}
     assert seqs == {16: 16, 4: 4}
-    assert all(r.engine_info["effective"]["enable_prefix_caching"] is False for r in vllm)
+    for rec in vllm:
+        assert rec.engine_info["effective"]["enable_prefix_caching"] is False
+        assert rec.engine_info["effective"]["host_ip"] == "127.0.0.1"  # loopback only
+        assert rec.engine_info["effective"]["workers_reniced_to"] == 19
     api = cells(run, "openai", "streaming")[0].engine_info
     assert api["base_url"].startswith("http://127.0.0.1:")
     assert api["token_counts"] == "server running usage"
     assert api["version"]
 
 
-def test_in_process_engine_side_timings_are_stored(run: Run):
+def test_engine_side_numbers_are_stored_beside_the_client_ones(run: Run):
     rec = cells(run, "vllm", "streaming")[0]
-    side = rec.metrics["engine_side"]
+    side = rec.metrics["engine_side"]  # in-process: RequestOutput.metrics per request
     assert side["ttft_s"]["count"] == rec.metrics["requests"]["ok"]
     assert 0 < side["ttft_s"]["p50"] <= rec.metrics["ttft"]["p50"]
+    served = cells(run, "openai", "streaming")[0]  # server: /metrics before and after
+    counters = served.metrics["engine_counters"]
+    assert counters["vllm:generation_tokens_total"] == served.metrics["tokens"]["output"]
+    assert counters["vllm:time_to_first_token_seconds_count"] == served.metrics["requests"]["ok"]
+    assert 0 < counters["vllm:time_to_first_token_seconds_mean"] < served.metrics["ttft"]["max"]
 
 
 def test_continuous_batching_beats_static_batching_on_tail_ttft(run: Run):
