@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.engine import (
@@ -55,6 +56,7 @@ class StreamState:
         self.finished = False
         self.last_completion_tokens: int | None = None
         self.running_usage = False
+        self._texts: list[str] = []
 
     def feed(self, data: str) -> Chunk | None:
         """One SSE ``data`` field; returns the chunk it carried (None: nothing to yield)."""
@@ -92,6 +94,7 @@ class StreamState:
             return Chunk(
                 n_tokens=0, completion_tokens=completion, prompt_tokens=usage.get("prompt_tokens")
             )
+        self._texts.append(text)
         if completion is not None:
             self.running_usage = True
             n = completion - (self.last_completion_tokens or 0)
@@ -109,6 +112,10 @@ class StreamState:
     def close(self) -> None:
         if not self.done:
             raise RequestFailed("stream truncated: ended without [DONE]")
+
+    @property
+    def text(self) -> str:
+        return "".join(self._texts)
 
 
 class OpenAIEngine:
@@ -132,6 +139,7 @@ class OpenAIEngine:
         self.ignore_eos_field = o.get("ignore_eos_field", "1") == "1"
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tokenizer: Any = None
         self._server_version: str | None = None
         self.saw_running_usage: bool | None = None
 
@@ -190,6 +198,7 @@ class OpenAIEngine:
             self._server_version = (
                 version.json().get("version") if version.status_code == 200 else None
             )
+        self._tokenizer = _client_tokenizer(self.config.model)
 
     def counters(self) -> dict[str, float]:
         """The server's Prometheus counters and histogram sums/counts, summed over labels."""
@@ -225,6 +234,7 @@ class OpenAIEngine:
             ),
             "ignore_eos_field": self.ignore_eos_field,
             "client": {"library": "httpx+httpx-sse", "timeout_s": self.timeout},
+            "client_retokenization": str(self.config.model) if self._tokenizer else None,
         }
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
@@ -270,6 +280,9 @@ class OpenAIEngine:
                 if chunk is not None:
                     yield chunk
         state.close()
+        if self._tokenizer is not None:
+            ids = self._tokenizer.encode(state.text, add_special_tokens=False)
+            yield Chunk(n_tokens=0, retokenized=len(ids))
         self.saw_running_usage = state.running_usage
 
     def close(self) -> None:
@@ -282,3 +295,15 @@ class OpenAIEngine:
             loop.run_until_complete(client.aclose())
         elif loop is None:
             asyncio.run(client.aclose())
+
+
+def _client_tokenizer(model: Path) -> Any:
+    """The model's tokenizer for client-side re-tokenization, when it is a local directory
+    and transformers is installed; None otherwise (counts then rest on server usage)."""
+    if not (model.is_dir() and (model / "tokenizer_config.json").is_file()):
+        return None
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    return AutoTokenizer.from_pretrained(str(model))

@@ -218,7 +218,9 @@ class VllmEngine:
             self._llm.shutdown()
             self._llm = None
         if self._affinity_before is not None:
-            os.sched_setaffinity(0, self._affinity_before)
+            # only undo our own pinning: someone else (a server fixture) may have re-pinned
+            if self._split and os.sched_getaffinity(0) == set(self._split[0]):
+                os.sched_setaffinity(0, self._affinity_before)
             self._affinity_before = None
 
 

@@ -198,6 +198,8 @@ class Chunk:
     prompt_tokens: int | None = None
     finish_reason: str | None = None
     engine_stats: Mapping[str, float] | None = None
+    retokenized: int | None = None
+    """Client-side count of the whole output, re-tokenized (final chunk, where available)."""
 
     def __post_init__(self) -> None:
         if self.n_tokens < 0:

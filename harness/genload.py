@@ -57,6 +57,7 @@ class Driver:
         tokens: list[int] = []
         reported: int | None = None
         engine_stats: Mapping[str, float] | None = None
+        retokenized: int | None = None
         error: str | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -67,6 +68,8 @@ class Driver:
                         reported = chunk.completion_tokens
                     if chunk.engine_stats is not None:
                         engine_stats = chunk.engine_stats
+                    if chunk.retokenized is not None:
+                        retokenized = chunk.retokenized
         except TimeoutError:
             error = f"timeout after {self.timeout_s:g} s"
         except Exception as exc:  # a failed request is counted, never dropped
@@ -84,6 +87,7 @@ class Driver:
             n_out_reported=reported,
             error=error,
             engine_stats=engine_stats,
+            n_out_retokenized=retokenized,
             lag=t_send - (t_sched if t_intended is None else t_intended),
         )
 

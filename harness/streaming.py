@@ -37,6 +37,7 @@ class RequestRecord:
     n_out_reported: int | None = None
     error: str | None = None
     engine_stats: Mapping[str, float] | None = None
+    n_out_retokenized: int | None = None
     lag: float = 0.0
     """The generator's own lateness: actual send minus when it meant to send (open loop:
     t_sched; static batches: when the batch was released). Queueing is not lag."""
@@ -219,6 +220,7 @@ class StreamMetrics:
     def _token_accounting(self) -> dict[str, object]:
         ok = self.ok
         reported = [r for r in ok if r.n_out_reported is not None]
+        retok = [r for r in ok if r.n_out_retokenized is not None]
         return {
             "input": sum(r.n_in for r in ok),
             "output": sum(r.n_out for r in ok),
@@ -226,6 +228,11 @@ class StreamMetrics:
             "short_of_asked": sum(r.n_out < r.n_asked for r in ok),
             "reported_vs_counted_mismatch": sum(r.n_out_reported != r.n_counted for r in reported),
             "server_reported": len(reported),
+            # the client re-tokenizing the text: decoding then encoding need not give the
+            # same ids, so disagreement is recorded, not corrected
+            "retokenized": sum(r.n_out_retokenized or 0 for r in retok),
+            "retokenized_requests": len(retok),
+            "retokenized_mismatch": sum(r.n_out_retokenized != r.n_out for r in retok),
         }
 
     def _slo_verdicts(self, metrics: Mapping[str, object]) -> dict[str, object]:

@@ -221,3 +221,15 @@ def test_counter_delta_gives_histogram_means():
     assert counter_delta(before, after) == pytest.approx(
         {"t_total": 4.0, "x_count": 3.0, "x_sum": 0.6, "x_mean": 0.2}
     )
+
+
+def test_client_retokenization_is_recorded_beside_server_counts(monkeypatch):
+    class WordTokenizer:  # a stand-in for the model's tokenizer: one id per word
+        def encode(self, text, add_special_tokens=False):
+            return text.split()
+
+    engine = engine_for(server(RECORDED), monkeypatch)
+    engine._tokenizer = WordTokenizer()
+    chunks = asyncio.run(collect(engine, GenerationRequest(prompt=(1,), max_tokens=5)))
+    assert chunks[-1].retokenized == len(["nobisoesinefiro", "goke"])
+    assert sum(c.n_tokens for c in chunks) == 5  # server's count untouched

@@ -87,3 +87,17 @@ def test_slo_parsing_and_per_request_check():
         parse_slos("ttft=1")
     with pytest.raises(ValueError, match="SLO metric"):
         parse_slos("latency_p99=1")
+
+
+def test_retokenized_disagreement_is_flagged_not_corrected():
+    agree = RequestRecord(
+        0.0, 0.0, 0.2, (0.1, 0.2), (1, 1), 10, 2, n_out_reported=2, n_out_retokenized=2
+    )
+    differ = RequestRecord(
+        0.0, 0.0, 0.2, (0.1, 0.2), (1, 1), 10, 2, n_out_reported=2, n_out_retokenized=3
+    )
+    tokens = StreamMetrics([agree, differ]).to_json()["tokens"]
+    assert tokens["output"] == 4  # the server's count is what is reported
+    assert tokens["retokenized"] == 5
+    assert tokens["retokenized_requests"] == 2
+    assert tokens["retokenized_mismatch"] == 1

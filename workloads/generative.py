@@ -72,9 +72,13 @@ def open_generative(
 ) -> GenerativeEngine:
     opts = dict(options or {})
     settings: RunSettings = request.getfixturevalue("harness_settings")
+    endpoint = None
     if cell.engine == "openai" and "base_url" not in settings.engine_options.get("openai", {}):
-        opts["base_url"] = request.getfixturevalue("openai_endpoint")
+        endpoint = request.getfixturevalue("openai_endpoint")
+        opts["base_url"] = endpoint.base_url
     engine = open_engine(model, options=opts, shared=True)
+    if endpoint is not None:
+        endpoint.pin_client()  # after open_engine: closing a previous engine may unpin
     if not isinstance(engine, GenerativeEngine):
         raise EngineError(f"{cell.engine} is not a generative engine")
     return engine
