@@ -129,10 +129,11 @@ def finish(
 ) -> None:
     """Summarize the requests into the cell's metrics, evidence and samples."""
     m = StreamMetrics(records, settings.slos)
-    metrics = m.to_json() | (extra or {})
     lag = [r.lag for r in records]
+    metrics = m.to_json() | {"lag": stats.to_json(stats.summarize(lag))} | (extra or {})
     achieved = len(m.ok) / m.window_s if m.window_s > 0 else 0.0
     samples = {k: stats.as_samples(v) for k, v in m.samples().items() if k != "icl"}
+    samples["lag"] = stats.as_samples(lag)
     cell.finish(
         metrics=metrics,
         evidence=Evidence(

@@ -62,7 +62,9 @@ def test_continuous_batching(
     offsets = OpenLoop(rate=RATE, duration=n / RATE).schedule(seed)[:n]
     reqs = reqs[: len(offsets)]
     driver = Driver(engine, MonotonicClock(), TIMEOUT_S)
-    aio.run(driver.closed_loop(make_requests(4, seed + 1, vocab_size(model), PROMPT, OUTPUT), 4))
+    # warm-up as wide as a batch: also opens the client connections a burst will need
+    warm = make_requests(max_num_seqs, seed + 1, vocab_size(model), PROMPT, OUTPUT)
+    aio.run(driver.closed_loop(warm, max_num_seqs))
     before = read_counters(engine)
     if mode == "continuous":
         records = aio.run(driver.open_loop(reqs, offsets))
