@@ -7,7 +7,7 @@ import pytest
 
 from harness import registry, store
 from harness.engine import EngineConfig, EngineError
-from harness.plugin import EnginePool
+from harness.pool import EnginePool
 from tests.fakes import FakeGenerativeEngine, FakeTensorEngine, FakeUnavailableEngine
 
 pytest_plugins = ["pytester"]
