@@ -53,7 +53,6 @@ class StreamState:
     def __init__(self, api: str) -> None:
         self.api = api
         self.done = False
-        self.finished = False
         self.last_completion_tokens: int | None = None
         self.running_usage = False
         self._texts: list[str] = []
@@ -86,7 +85,6 @@ class StreamState:
                 else choice.get("text") or ""
             )
             finish = choice.get("finish_reason")
-            self.finished = self.finished or finish is not None
         usage = event.get("usage") or {}
         completion = usage.get("completion_tokens")
         if not choices:
@@ -170,6 +168,12 @@ class OpenAIEngine:
         key = os.environ.get(self.key_env)
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    def _sync_client(self) -> Any:
+        """For the few calls outside the measured stream (model list, version, /metrics)."""
+        import httpx  # noqa: PLC0415
+
+        return httpx.Client(base_url=self.base_url, headers=self._headers(), timeout=10.0)
+
     def load(self) -> None:
         import httpx  # noqa: PLC0415
 
@@ -183,7 +187,7 @@ class OpenAIEngine:
             timeout=httpx.Timeout(self.timeout, connect=10.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
-        with httpx.Client(base_url=self.base_url, headers=self._headers(), timeout=10.0) as sync:
+        with self._sync_client() as sync:
             try:
                 models = sync.get("/v1/models")
                 models.raise_for_status()
@@ -202,10 +206,9 @@ class OpenAIEngine:
 
     def counters(self) -> dict[str, float]:
         """The server's Prometheus counters and histogram sums/counts, summed over labels."""
-        import httpx  # noqa: PLC0415
         from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
-        with httpx.Client(base_url=self.base_url, headers=self._headers(), timeout=10.0) as sync:
+        with self._sync_client() as sync:
             resp = sync.get("/metrics")
         if resp.status_code != 200:
             return {}

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
-from engines.vllm_server import POLLER_NICENESS, deprioritize_pollers, split_cpus
+from engines.vllm_server import LOOPBACK_ENV, POLLER_NICENESS, deprioritize_pollers, split_cpus
 from harness.engine import (
     Availability,
     BatchingMode,
@@ -130,9 +130,8 @@ class VllmEngine:
     def load(self) -> None:
         if self.config.device == "cpu":
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = self.options["kv_cache_space_gib"]
-        # vLLM's message queues otherwise bind the machine's own non-loopback address.
-        os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-        os.environ.setdefault("VLLM_LOOPBACK_IP", "127.0.0.1")
+        for key, value in LOOPBACK_ENV.items():
+            os.environ.setdefault(key, value)
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 

@@ -20,10 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+# vLLM's message queues otherwise bind the machine's own non-loopback address.
+LOOPBACK_ENV = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1"}
+
 OFFLINE_ENV = {
-    # vLLM's message queues otherwise bind the machine's own non-loopback address
-    "VLLM_HOST_IP": "127.0.0.1",
-    "VLLM_LOOPBACK_IP": "127.0.0.1",
+    **LOOPBACK_ENV,
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",

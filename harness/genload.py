@@ -128,21 +128,20 @@ class Driver:
     ) -> list[RequestRecord]:
         if batch < 1:
             raise ValueError("batch must be >= 1")
-        out: list[RequestRecord] = []
         with gc_paused():
             start = self.clock.now()
             due = start + np.asarray(offsets, dtype=np.float64)
-            await self._groups(requests, due, batch, out, start)
-        return out
+            return await self._groups(requests, due, batch, start)
 
     async def _groups(
         self,
         requests: Sequence[GenerationRequest],
         due: npt.NDArray[np.float64],
         batch: int,
-        out: list[RequestRecord],
-        prev_end: float,
-    ) -> None:
+        start: float,
+    ) -> list[RequestRecord]:
+        out: list[RequestRecord] = []
+        prev_end = start
         for first in range(0, len(requests), batch):
             group = range(first, min(first + batch, len(requests)))
             # released when full and the previous group is done; sleeping past that is lag
@@ -154,3 +153,4 @@ class Driver:
                 )
             )
             prev_end = self.clock.now()
+        return out

@@ -23,6 +23,7 @@ from harness.plugin import OpenEngine
 from harness.records import Headline
 from harness.streaming import RequestRecord, StreamMetrics
 from harness.validity import Evidence
+from workloads.inputs import lengths
 
 FIRST_ID = 4  # ids below are the tokenizer's special tokens (<s>, </s>, <unk>, <pad>)
 
@@ -40,12 +41,6 @@ def vocab_size(model: Path) -> int:
     if not config.is_file():
         raise EngineError(f"{model} has no config.json: give a Hugging Face model directory")
     return int(json.loads(config.read_text())["vocab_size"])
-
-
-def lengths(rng: np.random.Generator, n: int, median: int, low: int, high: int) -> list[int]:
-    """Seeded log-normal lengths around ``median``, clipped to ``[low, high]``."""
-    raw = rng.lognormal(np.log(median), 0.5, size=n)
-    return [int(x) for x in np.clip(np.rint(raw), low, high)]
 
 
 def make_requests(

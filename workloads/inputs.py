@@ -24,6 +24,12 @@ class InputError(ValueError):
     pass
 
 
+def lengths(rng: np.random.Generator, n: int, median: float, low: int, high: int) -> list[int]:
+    """Seeded log-normal lengths around ``median`` (sigma 0.5), clipped to ``[low, high]``."""
+    raw = rng.lognormal(np.log(median), 0.5, size=n)
+    return [int(x) for x in np.clip(np.rint(raw), low, high)]
+
+
 def dim_names(specs: Sequence[TensorSpec]) -> list[str]:
     """Names of the dynamic non-batch dims across all inputs, in first-seen order."""
     names: dict[str, None] = {}

@@ -39,7 +39,6 @@ EMBEDDED_DIMS: dict[str, dict[str, int]] = {
     "tiny-cnn-dynhw": {"height": 128, "width": 128},
 }
 MODES = ("fixed", "dynamic", "bucketed")
-SIGMA = 0.5  # log-normal spread of drawn sizes
 INT_HIGH = models.VOCAB
 
 
@@ -54,11 +53,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def draw_sizes(maxima: dict[str, int], n: int, rng: np.random.Generator) -> list[dict[str, int]]:
     """Per request, a size for each dim: log-normal around max/3, clipped to [max/8, max]."""
-    drawn: dict[str, np.ndarray[Any, Any]] = {}
-    for name, top in maxima.items():
-        raw = rng.lognormal(np.log(top / 3.0), SIGMA, size=n)
-        drawn[name] = np.clip(np.rint(raw), max(1, top // 8), top).astype(int)
-    return [{k: int(v[i]) for k, v in drawn.items()} for i in range(n)]
+    drawn = {
+        name: inputs.lengths(rng, n, top / 3.0, max(1, top // 8), top)
+        for name, top in maxima.items()
+    }
+    return [{k: v[i] for k, v in drawn.items()} for i in range(n)]
 
 
 def buckets_for(top: int) -> list[int]:
