@@ -30,6 +30,7 @@ from harness.engine import (
     EngineError,
     Family,
     GenerationRequest,
+    RequestError,
     reject_unknown_options,
 )
 
@@ -43,7 +44,7 @@ OPTIONS = {
 }
 
 
-class RequestFailed(RuntimeError):
+class RequestFailed(RequestError):
     """One request failed (HTTP status, in-band error, truncated stream)."""
 
 

@@ -9,6 +9,7 @@ measurement must show).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.clock import Clock, gc_paused
-from harness.engine import BatchingMode
+from harness.engine import BatchingMode, is_fatal
 
 
 @dataclass(frozen=True)
@@ -155,15 +156,28 @@ def serve_open_loop(
     policy: BatchPolicy,
     run_batch: RunBatch,
     clock: Clock,
+    timeout_s: float = math.inf,
 ) -> ServeTrace:
     """Serve requests due at ``offsets`` (seconds from now) through ``policy``.
 
     Single-threaded on purpose: the loop either runs a batch or sleeps until the next
     event (arrival or batch deadline), so the only harness overhead is its wake-up lag,
-    which it records for every sleep.
+    which it records for every sleep. A request answered more than ``timeout_s`` after it
+    was due has failed (its client gave up); a synchronous call cannot be abandoned, so
+    one that never returns is left to the cell's deadline.
     """
     with gc_paused():
-        return _serve(offsets, policy, run_batch, clock)
+        trace = _serve(offsets, policy, run_batch, clock)
+    _apply_timeout(trace, timeout_s)
+    return trace
+
+
+def _apply_timeout(trace: ServeTrace, timeout_s: float) -> None:
+    late = ~trace.failed & ((trace.t_done - trace.t_sched) > timeout_s)
+    if late.any():
+        trace.failed |= late
+        key = f"timeout after {timeout_s:g} s"
+        trace.errors[key] = trace.errors.get(key, 0) + int(late.sum())
 
 
 def _serve(
@@ -212,6 +226,8 @@ def _run_one_batch(batch: list[int], run_batch: RunBatch, clock: Clock, trace: S
     try:
         infer = run_batch(batch)
     except Exception as exc:  # a failed batch fails its requests; the run goes on
+        if is_fatal(exc):
+            raise  # the engine is gone: measuring on would only count its corpse
         infer = float("nan")
         trace.failed[batch] = True
         key = f"{type(exc).__name__}: {exc}"[:300]

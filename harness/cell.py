@@ -55,6 +55,7 @@ class Cell:
     _t0: float = field(default_factory=time.monotonic)
     engine_info: dict[str, Any] = field(default_factory=dict)
     result: CellResult | None = None
+    attempt: int = 1
 
     def finish(
         self,
@@ -82,7 +83,14 @@ class Cell:
         )
         return validity
 
-    def record(self, status: Status | None = None, reasons: Sequence[str] = ()) -> CellRecord:
+    def record(
+        self,
+        status: Status | None = None,
+        reasons: Sequence[str] = (),
+        *,
+        stderr_tail: Sequence[str] = (),
+        duration_s: float | None = None,
+    ) -> CellRecord:
         """The record for this cell; ``status`` None means: as the result says."""
         res = self.result
         if status is None:
@@ -103,7 +111,7 @@ class Cell:
             reasons=tuple(reasons),
             started_at=self.started_at,
             finished_at=utcnow(),
-            duration_s=round(time.monotonic() - self._t0, 6),
+            duration_s=round(time.monotonic() - self._t0 if duration_s is None else duration_s, 6),
             engine_info=self.engine_info,
             environment=self.environment,
             seeds=res.seeds if res else {},
@@ -113,6 +121,8 @@ class Cell:
             histograms=res.histograms if res and keep else {},
             headline=res.headline if res else (),
             validity=_validity_info(res.validity) if res and keep else None,
+            attempt=self.attempt,
+            stderr_tail=tuple(stderr_tail),
         )
 
 

@@ -69,6 +69,39 @@ PROFILES: dict[ProfileName, Profile] = {
 }
 
 
+class Isolation(enum.StrEnum):
+    PROCESS = "process"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """How cells are kept apart and bounded (see harness.isolation).
+
+    ``process``: the cells of each engine run in a spawned worker process (one engine
+    instance alive in it at a time); a crash or hang costs the cell in flight, and the
+    worker is restarted for the rest, at most ``max_restarts`` times per engine.
+    """
+
+    isolation: Isolation = Isolation.PROCESS
+    cell_timeout_s: float = 600.0
+    load_timeout_s: float = 600.0
+    request_timeout_s: float = 300.0
+    max_restarts: int = 3
+    worker_memory_bytes: int | None = None
+    resume: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cell_timeout_s", "load_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds")
+        if self.max_restarts < 0:
+            raise ValueError("max_restarts must be >= 0")
+        if self.worker_memory_bytes is not None and self.worker_memory_bytes <= 0:
+            raise ValueError("worker_memory_bytes must be > 0")
+
+
 @dataclass(frozen=True)
 class RunSettings:
     engines: tuple[str, ...]
@@ -80,6 +113,7 @@ class RunSettings:
     dims: Mapping[str, int] = field(default_factory=dict)
     engine_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     slos: tuple[SLO, ...] = ()
+    reliability: Reliability = field(default_factory=Reliability)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,7 +130,15 @@ class RunSettings:
             "engine_options": {k: dict(v) for k, v in self.engine_options.items()},
             "slos": {s.key: s.threshold_s for s in self.slos},
             "gen_requests": self.profile.gen_requests,
+            "request_timeout_s": self.reliability.request_timeout_s,
         }
+
+    def measurement(self) -> dict[str, Any]:
+        """The settings a resumed run must share with the original (what the numbers
+        depend on); where results land and how cells are isolated may differ."""
+        data = self.to_json()
+        data.pop("results_dir")
+        return data
 
 
 def _split_engines(values: Iterable[str]) -> tuple[str, ...]:
@@ -203,6 +245,7 @@ def parse_settings(
     dims: Sequence[str] | None = None,
     engine_options: Sequence[str] | None = None,
     slo: str | None = None,
+    reliability: Reliability | None = None,
 ) -> RunSettings:
     names = _engines(engines)
     if seed < 0:
@@ -217,7 +260,68 @@ def parse_settings(
         dims=_dims(dims),
         engine_options=_engine_options(engine_options, names),
         slos=_slos(slo),
+        reliability=reliability or Reliability(),
     )
+
+
+_SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_size(text: str, option: str) -> int:
+    """``"512MiB"``, ``"2G"``, ``"1.5GiB"``, ``"4096"`` (bytes) -> bytes."""
+    raw = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = raw[-1:] if raw[-1:] in _SIZE_UNITS and raw[-1:] != "" else ""
+    number = raw[: -len(unit)] if unit else raw
+    try:
+        value = float(number) * _SIZE_UNITS[unit]
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected a size such as 512MiB or 2GiB") from None
+    if not (math.isfinite(value) and value >= 1):
+        raise UsageError(f"{option} {text!r}: the size must be positive")
+    return int(value)
+
+
+def parse_reliability(
+    *,
+    isolation: str,
+    cell_timeout: float | None,
+    load_timeout: float,
+    request_timeout: float,
+    max_restarts: int,
+    worker_memory: str | None,
+    resume: str | None,
+) -> Reliability:
+    try:
+        mode = Isolation(isolation)
+    except ValueError:
+        raise UsageError(f"--isolation {isolation!r}: choose process or none") from None
+    for option, value in (
+        ("--cell-timeout", cell_timeout),
+        ("--load-timeout", load_timeout),
+        ("--request-timeout", request_timeout),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{option} must be a positive number of seconds, got {value}")
+    if max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, got {max_restarts}")
+    return Reliability(
+        isolation=mode,
+        cell_timeout_s=cell_timeout or Reliability.cell_timeout_s,
+        load_timeout_s=load_timeout,
+        request_timeout_s=request_timeout,
+        max_restarts=max_restarts,
+        worker_memory_bytes=parse_size(worker_memory, "--worker-memory") if worker_memory else None,
+        resume=_resume_dir(resume),
+    )
+
+
+def _resume_dir(resume: str | None) -> Path | None:
+    if resume is None:
+        return None
+    path = Path(resume).expanduser().resolve()
+    if not (path / "manifest.json").is_file():
+        raise UsageError(f"--resume {resume!r}: not a run directory (no manifest.json in it)")
+    return path
 
 
 def _slos(text: str | None) -> tuple[SLO, ...]:

@@ -12,6 +12,7 @@ is one class registered under the ``harness.engines`` entry-point group.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,30 @@ class BatchingMode(enum.StrEnum):
 
 class EngineError(RuntimeError):
     """The engine failed in a way that invalidates the cell (not a single request)."""
+
+
+class RequestError(RuntimeError):
+    """One request failed and the engine is fine (an HTTP error status, an error event):
+    counted as a failed request whatever its message says."""
+
+
+_FATAL = re.compile(
+    r"CUDA error|CUDA_ERROR|cudaError|out of memory|device-side assert|illegal memory access",
+    re.IGNORECASE,
+)
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Errors after which the engine's process cannot be trusted (device faults, memory
+    exhaustion): load generators re-raise them instead of counting a failed request, and
+    the cell is recorded as crashed, its worker replaced."""
+    if isinstance(exc, RequestError):
+        return False
+    return (
+        isinstance(exc, MemoryError)
+        or "OutOfMemory" in type(exc).__name__
+        or bool(_FATAL.search(str(exc)))
+    )
 
 
 class EngineUnavailable(EngineError):

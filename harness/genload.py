@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.clock import Clock, gc_paused
-from harness.engine import GenerationRequest, GenerativeEngine
+from harness.engine import GenerationRequest, GenerativeEngine, is_fatal
 from harness.streaming import RequestRecord
 
 
@@ -73,6 +73,8 @@ class Driver:
         except TimeoutError:
             error = f"timeout after {self.timeout_s:g} s"
         except Exception as exc:  # a failed request is counted, never dropped
+            if is_fatal(exc):
+                raise  # the engine is gone: measuring on would only count its corpse
             error = f"{type(exc).__name__}: {exc}"[:300]
         if error is None and not any(tokens):
             error = "stream ended without any output token"

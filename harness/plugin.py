@@ -7,38 +7,76 @@ record whatever happens to it (ok, invalid, failed, skipped).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
-from collections.abc import Generator, Iterator, Mapping
-from dataclasses import dataclass, field
+import contextlib
+import signal
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 import pytest
 
 from harness import registry, report, store
-from harness.cell import Cell, make_cell_id
-from harness.config import ProfileName, RunSettings, UsageError, parse_settings
-from harness.engine import Engine, EngineConfig, EngineError
-from harness.environment import fingerprint
+from harness.cell import Cell
+from harness.config import (
+    Isolation,
+    ProfileName,
+    RunSettings,
+    UsageError,
+    parse_reliability,
+    parse_settings,
+)
+from harness.engine import Engine, EngineConfig, EngineError, is_fatal
+from harness.isolation import Supervisor, groups
 from harness.pool import EnginePool
-from harness.records import Manifest, ParamValue, PlannedCell, Status
+from harness.records import Manifest, Status
+from harness.run import (
+    ENGINE_ARG,
+    RunState,
+    check_resumable,
+    engine_of,
+    is_cell,
+    planned_cell,
+    read_run,
+    resume_run,
+    start_run,
+)
+from harness.worker import EventSink, WorkerSession, WorkerSpec, become_worker
 
 SETTINGS = pytest.StashKey[RunSettings]()
-RUN = pytest.StashKey["RunState"]()
+RUN = pytest.StashKey[RunState]()
 CELL = pytest.StashKey[Cell]()
-OUTCOME = pytest.StashKey[list[tuple[str, str, str]]]()
+WORKER = pytest.StashKey[tuple[WorkerSpec, EventSink]]()
+RESUME = pytest.StashKey[tuple[Path, Manifest, dict[str, Status]]]()
+RESTORE_SIGTERM = pytest.StashKey[Any]()
+SHARED = pytest.StashKey["Shared"]()
+RECORDED = pytest.StashKey[bool]()
 
-ENGINE_ARG = "engine_name"
 NO_RESULT = "the workload ended without reporting a result (Cell.finish was never called)"
 
 
-@dataclass
-class RunState:
-    run_dir: Path
-    manifest: Manifest
-    planned: dict[str, PlannedCell] = field(default_factory=dict)
-    written: dict[str, Status] = field(default_factory=dict)
+class Shared:
+    """The session's event loop and engine pool, closed by the plugin after the last cell
+    (not as fixture teardown, which would charge a failing close to the last cell)."""
+
+    def __init__(self) -> None:
+        self.runner = asyncio.Runner()
+        self.pool = EnginePool()
+
+    def close(self) -> list[str]:
+        errors = self.pool.close_all()
+        try:
+            self.runner.close()
+        except Exception as exc:  # the pool's errors must still be reported
+            errors.append(f"closing the event loop: {type(exc).__name__}: {exc}")
+        return errors
+
+
+def _shared(config: pytest.Config) -> Shared:
+    if SHARED not in config.stash:
+        config.stash[SHARED] = Shared()
+    return config.stash[SHARED]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -89,27 +127,126 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="ENGINE.KEY=VALUE",
         help="adapter option, e.g. onnxruntime.intra_op_threads=2",
     )
+    _add_reliability_options(parser)
+
+
+def _add_reliability_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness")
+    group.addoption(
+        "--isolation",
+        default="process",
+        help="process: each engine's cells run in a spawned worker, so a crash or hang costs"
+        " one cell; none: in this process (debugging) (default: process)",
+    )
+    group.addoption(
+        "--cell-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="deadline of one cell, engine loading excluded; past it the cell is a timeout"
+        " (default: 600)",
+    )
+    group.addoption(
+        "--load-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="deadline for starting a worker or loading an engine (default: 600)",
+    )
+    group.addoption(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a request not answered within this is a failed request (default: 300)",
+    )
+    group.addoption(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="worker restarts per engine after crashes/timeouts before its remaining cells"
+        " are failed (default: 3)",
+    )
+    group.addoption(
+        "--worker-memory",
+        metavar="SIZE",
+        help="kill a worker whose processes hold more than SIZE (e.g. 8GiB) and record its"
+        " cell as crashed (default: 90%% of RAM)",
+    )
+    group.addoption(
+        "--resume",
+        metavar="RUN_DIR",
+        help="finish an interrupted or failed run: run only its cells without an ok record",
+    )
+    # Internal: how a controller starts a worker (harness.isolation).
+    group.addoption("--harness-worker", metavar="SPEC", help=argparse.SUPPRESS)
+    group.addoption("--harness-events-fd", type=int, help=argparse.SUPPRESS)
+
+
+def _settings(config: pytest.Config) -> RunSettings:
+    opt = config.getoption
+    try:
+        reliability = parse_reliability(
+            isolation=opt("isolation"),
+            cell_timeout=opt("cell_timeout"),
+            load_timeout=opt("load_timeout"),
+            request_timeout=opt("request_timeout"),
+            max_restarts=opt("max_restarts"),
+            worker_memory=opt("worker_memory"),
+            resume=opt("resume"),
+        )
+        return parse_settings(
+            engines=opt("engine"),
+            device=opt("device"),
+            profile=opt("profile"),
+            results_dir=opt("results_dir"),
+            seed=opt("seed"),
+            model=opt("model"),
+            window=opt("window"),
+            requests=opt("requests"),
+            dims=opt("dim"),
+            engine_options=opt("engine_opt"),
+            slo=opt("slo"),
+            reliability=reliability,
+        )
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires(**capabilities): engine capabilities a cell needs")
-    try:
-        settings = parse_settings(
-            engines=config.getoption("engine"),
-            device=config.getoption("device"),
-            profile=config.getoption("profile"),
-            results_dir=config.getoption("results_dir"),
-            seed=config.getoption("seed"),
-            model=config.getoption("model"),
-            window=config.getoption("window"),
-            requests=config.getoption("requests"),
-            dims=config.getoption("dim"),
-            engine_options=config.getoption("engine_opt"),
-            slo=config.getoption("slo"),
-        )
-    except UsageError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    settings = _settings(config)
     config.stash[SETTINGS] = settings
+    spec_path = config.getoption("harness_worker")
+    if spec_path:
+        become_worker()
+        spec = WorkerSpec.load(Path(spec_path))
+        sink = EventSink(config.getoption("harness_events_fd"))
+        config.stash[WORKER] = (spec, sink)
+        config.pluginmanager.register(WorkerSession(config, spec, sink), "harness-worker")
+        return
+    resume = settings.reliability.resume
+    if resume is not None:
+        try:
+            manifest, latest = read_run(resume)
+            check_resumable(manifest, settings)
+        except UsageError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config.stash[RESUME] = (resume, manifest, latest)
+    config.stash[RESTORE_SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: finished cells kept, the cell in flight recorded."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated("SIGTERM")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    previous = config.stash.get(RESTORE_SIGTERM, None)
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def settings_of(config: pytest.Config) -> RunSettings:
@@ -122,69 +259,60 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(ENGINE_ARG, engines, ids=list(engines))
 
 
-def _is_cell(item: pytest.Item) -> bool:
-    return isinstance(item, pytest.Function) and "cell" in item.fixturenames
-
-
-def _workload(item: pytest.Function) -> str:
-    """The workload is the test function: ``test_batching`` -> ``batching``."""
-    return item.originalname.removeprefix("test_")
-
-
-def _params(item: pytest.Function) -> dict[str, ParamValue]:
-    spec = getattr(item, "callspec", None)
-    params = dict(spec.params) if spec else {}
-    params.pop(ENGINE_ARG, None)
-    for key, value in params.items():
-        if not isinstance(value, str | int | float | bool | type(None)):
-            raise pytest.UsageError(
-                f"{item.nodeid}: cell parameter {key}={value!r} must be a scalar"
-            )
-    return cast(dict[str, ParamValue], params)
-
-
-def _planned(item: pytest.Function) -> PlannedCell:
-    engine = item.callspec.params.get(ENGINE_ARG, "?") if hasattr(item, "callspec") else "?"
-    params = _params(item)
-    workload = _workload(item)
-    cell_id = make_cell_id(workload, str(engine), params)
-    return PlannedCell(
-        cell_id=cell_id, workload=workload, engine=str(engine), params=params, nodeid=item.nodeid
-    )
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group cells by engine, in ``--engine`` order, so each engine starts once and runs
-    alone (a server or engine of the next one is not yet up and polling)."""
+    alone (a server or engine of the next one is not yet up and polling). Resuming, keep
+    only the run's planned cells that have no ok record."""
     order = {name: i for i, name in enumerate(settings_of(config).engines)}
+    items.sort(key=lambda item: order.get(engine_of(item) or "", -1))  # stable sort
+    resume = config.stash.get(RESUME, None)
+    if resume is not None:
+        _select_for_resume(config, items, resume[1], resume[2])
 
-    def engine_rank(item: pytest.Item) -> int:
-        spec = getattr(item, "callspec", None)
-        engine = spec.params.get(ENGINE_ARG) if spec else None
-        return order.get(str(engine), -1)
 
-    items.sort(key=engine_rank)  # stable: the workloads' own order is kept within an engine
+def _select_for_resume(
+    config: pytest.Config, items: list[pytest.Item], manifest: Manifest, latest: dict[str, Status]
+) -> None:
+    planned = {c.cell_id for c in manifest.planned}
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        if not is_cell(item):
+            drop.append(item)
+            continue
+        cell_id = planned_cell(cast(pytest.Function, item)).cell_id
+        redo = cell_id in planned and latest.get(cell_id) is not Status.OK
+        (keep if redo else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    cells = [item for item in session.items if _is_cell(item)]
-    if not cells or session.config.option.collectonly:
+    config = session.config
+    cells = [cast(pytest.Function, item) for item in session.items if is_cell(item)]
+    if config.option.collectonly:
         return
-    settings = settings_of(session.config)
-    planned = [_planned(cast(pytest.Function, item)) for item in cells]
-    run_dir = store.new_run_dir(settings.results_dir)
-    manifest = Manifest(
-        run_id=run_dir.name,
-        state="running",
-        created_at=store.utcnow(),
-        command=tuple(sys.argv),
-        settings=settings.to_json(),
-        environment=fingerprint(),
-        planned=tuple(planned),
-    )
-    store.write_manifest(run_dir, manifest)
-    state = RunState(run_dir, manifest, {c.nodeid: c for c in planned})
-    session.config.stash[RUN] = state
+    worker = config.stash.get(WORKER, None)
+    resume = config.stash.get(RESUME, None)
+    settings = settings_of(config)
+    if worker is not None:
+        spec, sink = worker
+        manifest = store.read_manifest(spec.run_dir)
+        state = RunState(spec.run_dir, manifest, settings, {c.nodeid: c for c in manifest.planned})
+        state.sink = sink
+    elif resume is not None:
+        state = resume_run(resume[0], settings, resume[1], resume[2])
+        collected = {c.nodeid for c in cells}
+        state.missing = [
+            c.cell_id
+            for c in resume[1].planned
+            if resume[2].get(c.cell_id) is not Status.OK and c.nodeid not in collected
+        ]
+    elif cells:
+        state = start_run(settings, [planned_cell(item) for item in cells])
+    else:
+        return
+    config.stash[RUN] = state
 
 
 @pytest.fixture(scope="session")
@@ -200,31 +328,17 @@ def engine_name() -> str:
 
 
 @pytest.fixture
-def cell(
-    request: pytest.FixtureRequest, harness_settings: RunSettings, engine_name: str
-) -> Iterator[Cell]:
+def cell(request: pytest.FixtureRequest, harness_settings: RunSettings, engine_name: str) -> Cell:
     """This test's matrix cell; skips with the reason when the engine cannot serve it."""
     item = cast(pytest.Function, request.node)
     state = request.config.stash.get(RUN, None)
     if state is None:
         raise RuntimeError("cells need a run directory; was collection bypassed?")
     planned = state.planned[item.nodeid]
-    new = Cell(
-        run_id=state.manifest.run_id,
-        cell_id=planned.cell_id,
-        workload=planned.workload,
-        engine=planned.engine,
-        params=dict(planned.params),
-        policy=harness_settings.profile.policy,
-        environment=fingerprint(),
-    )
+    new = state.new_cell(planned)
     item.stash[CELL] = new
     _skip_if_unable(item, planned.engine, harness_settings.device)
-    yield new
-    call_passed = ("call", "passed") in [(w, o) for w, o, _ in item.stash.get(OUTCOME, [])]
-    if call_passed and new.result is None:
-        # The pytest outcome must agree with the record: no result is a failed cell.
-        raise RuntimeError(NO_RESULT)
+    return new
 
 
 def _skip_if_unable(item: pytest.Function, engine: str, device: str) -> None:
@@ -245,34 +359,43 @@ class OpenEngine(Protocol):
 
 
 @pytest.fixture(scope="session")
-def aio() -> Iterator[asyncio.Runner]:
+def aio(pytestconfig: pytest.Config) -> asyncio.Runner:
     """One event loop for the whole session: shared async engines stay bound to it."""
-    with asyncio.Runner() as runner:
-        yield runner
+    return _shared(pytestconfig).runner
 
 
 @pytest.fixture(scope="session")
-def engine_pool(aio: asyncio.Runner) -> Iterator[EnginePool]:
-    pool = EnginePool()
-    yield pool
-    errors = pool.close_all()
-    if errors:
-        raise EngineError("closing shared engines failed: " + "; ".join(errors))
+def engine_pool(pytestconfig: pytest.Config) -> EnginePool:
+    return _shared(pytestconfig).pool
 
 
-def _load(engine_name: str, config: EngineConfig) -> Engine:
-    engine = registry.load(engine_name)(config)
+def _notify(config: pytest.Config, kind: str, **data: Any) -> None:
+    worker = config.stash.get(WORKER, None)
+    if worker is not None:
+        worker[1].send(kind, **data)
+
+
+def _loader(config: pytest.Config, engine_name: str, engine_config: EngineConfig) -> Engine:
+    """Load an engine; a worker tells its controller, whose cell deadline excludes loading."""
+    _notify(config, "load", state="begin", engine=engine_name)
     try:
-        engine.load()
-    except BaseException:
-        engine.close()
-        raise
+        engine = registry.load(engine_name)(engine_config)
+        try:
+            engine.load()
+        except BaseException:
+            engine.close()
+            raise
+    finally:
+        _notify(config, "load", state="end", engine=engine_name)
     return engine
 
 
 @pytest.fixture
 def open_engine(
-    cell: Cell, harness_settings: RunSettings, engine_pool: EnginePool
+    request: pytest.FixtureRequest,
+    cell: Cell,
+    harness_settings: RunSettings,
+    engine_pool: EnginePool,
 ) -> Iterator[OpenEngine]:
     """``open_engine(model, options=..., shared=...)`` -> a loaded engine of this cell.
 
@@ -280,22 +403,24 @@ def open_engine(
     engines are closed at teardown; shared ones at the end of the session.
     """
     opened: list[Engine] = []
+    config = request.config
 
     def _open(
         model: Path, *, options: Mapping[str, str] | None = None, shared: bool = False
     ) -> Engine:
         merged = {**(options or {}), **harness_settings.engine_options.get(cell.engine, {})}
-        config = EngineConfig(model=model, device=harness_settings.device, options=merged)
+        econf = EngineConfig(model=model, device=harness_settings.device, options=merged)
+        load: Callable[[], Engine] = lambda: _loader(config, cell.engine, econf)  # noqa: E731
         if shared:
             key = (
                 cell.engine,
                 str(model),
-                config.device,
+                econf.device,
                 *sorted(f"{k}={v}" for k, v in merged.items()),
             )
-            engine = engine_pool.get(key, lambda: _load(cell.engine, config))
+            engine = engine_pool.get(key, load)
         else:
-            engine = _load(cell.engine, config)
+            engine = load()
             opened.append(engine)
         cell.engine_info = engine.describe()
         return engine
@@ -312,17 +437,68 @@ def open_engine(
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, Any, Any]:
+    """Ctrl-C or SIGTERM during an in-process cell: record it as failed, then stop."""
+    try:
+        return (yield)
+    except KeyboardInterrupt as exc:
+        state = item.config.stash.get(RUN, None)
+        if state is not None and is_cell(item) and not item.stash.get(RECORDED, False):
+            why = str(exc) or "SIGINT (Ctrl-C)"
+            cell = item.stash.get(CELL, None) or state.new_cell(state.planned[item.nodeid])
+            reason = f"interrupted by {why}; the run stopped here (finish it with --resume)"
+            with contextlib.suppress(Exception):  # the interrupt must win over a full disk
+                state.write(cell, Status.FAILED, [reason])
+        raise
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, Any, Any]:
+    """A cell's record is written once its outcome is known: after setup when setup did
+    not pass, else after the call. A failure in teardown (closing an engine) does not
+    change the measured result; it is an incident of the run and a pytest error."""
     rep: pytest.TestReport = yield
-    if not _is_cell(item):
+    state = item.config.stash.get(RUN, None)
+    if state is None or not is_cell(item):
         return rep
-    outcomes = item.stash.setdefault(OUTCOME, [])
-    outcomes.append((rep.when, rep.outcome, _why(rep)))
-    if rep.when == "teardown":
-        _write_cell(item, outcomes)
+    if rep.when == "call" or (rep.when == "setup" and not rep.passed):
+        _record(item, state, rep, call)
+    elif rep.when == "teardown" and rep.failed:
+        state.incident(f"{item.nodeid}: {_why(rep)}")
     return rep
+
+
+def _record(
+    item: pytest.Item, state: RunState, rep: pytest.TestReport, call: pytest.CallInfo[None]
+) -> None:
+    cell = item.stash.get(CELL, None) or state.new_cell(state.planned[item.nodeid])
+    if rep.when == "call" and rep.passed and cell.result is None:
+        # The pytest outcome must agree with the record: no result is a failed cell.
+        rep.outcome = "failed"
+        rep.longrepr = NO_RESULT
+    status: Status | None = None
+    reasons: list[str] = []
+    if rep.skipped:
+        status, reasons = Status.SKIPPED, [_why(rep)]
+    elif rep.failed:
+        exc = call.excinfo.value if call.excinfo is not None else None
+        status = Status.CRASHED if exc is not None and is_fatal(exc) else Status.FAILED
+        reasons = [_why(rep)]
+        if status is Status.CRASHED:
+            _recycle(item, state, str(exc))
+    state.write(cell, status, reasons)
+    item.stash[RECORDED] = True
+
+
+def _recycle(item: pytest.Item, state: RunState, why: str) -> None:
+    """After a device or memory error the engine's process is suspect: a worker ends its
+    session after this cell, and the controller starts a fresh one for the rest."""
+    if state.sink is not None:
+        item.session.shouldstop = f"restarting the worker after a crash-like error: {why[:200]}"
 
 
 def _why(rep: pytest.TestReport) -> str:
@@ -335,58 +511,65 @@ def _why(rep: pytest.TestReport) -> str:
     return ""
 
 
-def _status(outcomes: list[tuple[str, str, str]]) -> tuple[Status | None, list[str]]:
-    skipped = [why for _, outcome, why in outcomes if outcome == "skipped"]
-    failed = [why for _, outcome, why in outcomes if outcome == "failed"]
-    if failed:
-        return Status.FAILED, failed
-    if skipped:
-        return Status.SKIPPED, skipped
-    return None, []
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """Under process isolation, the controller hands each engine's cells to a worker."""
+    config = session.config
+    state = config.stash.get(RUN, None)
+    settings = settings_of(config)
+    isolated = settings.reliability.isolation is Isolation.PROCESS
+    if state is None or WORKER in config.stash or not isolated or config.option.collectonly:
+        return None
+    if session.testsfailed and not config.option.continue_on_collection_errors:
+        raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
+    spec = WorkerSpec(state.run_dir, (), state.attempt, "")
+    supervisor = Supervisor(session, state, settings.reliability, spec)
+    try:
+        for group in groups(session.items, engine_of):
+            if session.shouldstop or session.shouldfail or state.fatal_error:
+                break
+            if group.engine is None:
+                _run_inline(session, group.items)
+            else:
+                supervisor.run_group(group.engine, group.items)
+    finally:
+        supervisor.close()
+    if state.fatal_error:
+        pytest.exit(state.fatal_error, returncode=pytest.ExitCode.INTERRUPTED)
+    return True
 
 
-def _write_cell(item: pytest.Item, outcomes: list[tuple[str, str, str]]) -> None:
-    state = item.config.stash.get(RUN, None)
-    if state is None:
+def _run_inline(session: pytest.Session, items: tuple[pytest.Item, ...]) -> None:
+    for i, item in enumerate(items):
+        nextitem = items[i + 1] if i + 1 < len(items) else None
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if session.shouldstop or session.shouldfail:
+            return
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    state = config.stash.get(RUN, None)
+    shared = config.stash.get(SHARED, None)
+    if shared is not None:
+        errors = shared.close()
+        if errors and state is not None:
+            state.incident("closing shared engines failed: " + "; ".join(errors))
+    if state is None or WORKER in config.stash:
         return
-    planned = state.planned[item.nodeid]
-    cell = item.stash.get(CELL, None)
-    if cell is None:  # setup failed or skipped before the cell fixture ran
-        cell = Cell(
-            state.manifest.run_id,
-            planned.cell_id,
-            planned.workload,
-            planned.engine,
-            dict(planned.params),
-            settings_of(item.config).profile.policy,
-            fingerprint(),
-        )
-    status, reasons = _status(outcomes)
-    record = cell.record(status, reasons)
-    store.write_record(state.run_dir, record)
-    state.written[planned.cell_id] = record.status
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    state = session.config.stash.get(RUN, None)
-    if state is None:
-        return
-    planned_ids = {c.cell_id for c in state.manifest.planned}
-    complete = planned_ids <= set(state.written)
-    final = state.manifest.model_copy(
-        update={
-            "state": "complete" if complete else "incomplete",
-            "finished_at": store.utcnow(),
-            "statuses": dict(sorted(state.written.items())),
-        }
-    )
-    store.write_manifest(state.run_dir, Manifest.model_validate(final.model_dump()))
-    report.write(state.run_dir)
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+    try:
+        store.write_manifest(state.run_dir, state.finish(interrupted))
+        report.write(state.run_dir)
+    except store.StorageError as exc:
+        state.fatal_error = state.fatal_error or str(exc)
+    if (state.incidents or state.fatal_error) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(RUN, None)
-    if state is None:
+    if state is None or WORKER in config.stash:
         return
     counts: dict[str, int] = {}
     for status in state.written.values():
@@ -397,6 +580,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if md.is_file():
         terminalreporter.write(md.read_text())
     terminalreporter.write_line(f"cells: {tally}")
+    for text in state.incidents:
+        terminalreporter.write_line(f"INCIDENT: {text}", red=True)
+    if state.missing:
+        terminalreporter.write_line(
+            "resume: planned cells not collected this time: " + ", ".join(state.missing)
+        )
+    if state.fatal_error:
+        terminalreporter.write_line(f"RUN STOPPED: {state.fatal_error}", red=True)
     terminalreporter.write_line(f"run directory: {state.run_dir}")
 
 

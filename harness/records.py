@@ -16,7 +16,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-SCHEMA_VERSION = 1
+from harness.redact import redact
+
+SCHEMA_VERSION = 2
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
 
@@ -96,6 +98,10 @@ class CellRecord(_Frozen):
     histograms: dict[str, dict[str, int]] = {}
     headline: tuple[Headline, ...] = ()
     validity: ValidityInfo | None = None
+    attempt: int = 1
+    """1 for the run's first try at the cell; each ``--resume`` that reruns it adds one."""
+    stderr_tail: tuple[str, ...] = ()
+    """The last lines the engine's process wrote (crashed and timed-out cells), redacted."""
 
     _ids = field_validator("run_id", "cell_id")(check_id)
 
@@ -121,6 +127,8 @@ class CellRecord(_Frozen):
             raise ValueError(f"a {self.status} record must say why")
         if self.duration_s < 0:
             raise ValueError("duration_s must be >= 0")
+        if self.attempt < 1:
+            raise ValueError("attempt counts from 1")
         return self
 
     def metric(self, path: str) -> Any:
@@ -168,6 +176,10 @@ class Manifest(_Frozen):
     environment: dict[str, Any] = {}
     planned: tuple[PlannedCell, ...] = ()
     statuses: dict[str, Status] = {}
+    attempt: int = 1
+    """How many sessions have worked on this run: 1, plus one per ``--resume``."""
+    incidents: tuple[str, ...] = ()
+    """Failures outside any cell (an engine crashing while it closed, a full disk)."""
 
     _ids = field_validator("run_id")(check_id)
 
@@ -181,8 +193,15 @@ class Manifest(_Frozen):
 
 M = TypeVar("M", bound=BaseModel)
 
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 added record ``attempt``/``stderr_tail`` and manifest ``attempt``/``incidents``;
+    a v1 file was a first attempt with nothing of either."""
+    return {**data, "schema_version": 2}
+
+
 # schema_version -> function turning a dict of that version into the next version.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 
 
 def migrate(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -223,7 +242,8 @@ def dump(model: BaseModel) -> bytes:
     """Stable bytes: field order is the model's, dict order the (deterministic) build order.
 
     Keys are not sorted so that cell parameters keep the order the workload declared,
-    which is the order the matrix shows them in.
+    which is the order the matrix shows them in. Secrets from the environment are masked
+    here, the one door every results file goes through.
     """
-    data = json.loads(model.model_dump_json())
+    data = redact(json.loads(model.model_dump_json()))
     return (json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()

@@ -8,8 +8,10 @@ numbers for a cell that is not ok). Building twice gives identical bytes.
 from __future__ import annotations
 
 import csv
+import html
 import io
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +106,20 @@ def headline_values(record: CellRecord) -> list[tuple[str, str, float | None]]:
 
 
 def _escape_md(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """Engine-provided text (error messages, names) rendered inert: no HTML, no table
+    breaks, no Markdown links or emphasis."""
+    text = html.escape(text, quote=False).replace("\n", " ")
+    return re.sub(r"([\\|`*_\[\]])", r"\\\1", text)
+
+
+def _csv_text(text: str) -> str:
+    """A spreadsheet runs a cell starting with = + - @ as a formula; numbers stay numbers."""
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        try:
+            float(text)
+        except ValueError:
+            return "'" + text
+    return text
 
 
 def entry_text(entry: Entry | None) -> str:
@@ -159,7 +174,8 @@ def _warnings(matrix: Matrix) -> list[str]:
             entry = row.entries.get(engine)
             rec = entry.record if entry else None
             if rec and rec.status is Status.OK and rec.validity and rec.validity.warnings:
-                notes.append(f"- (!) `{rec.cell_id}`: " + "; ".join(rec.validity.warnings))
+                why = _escape_md("; ".join(rec.validity.warnings))
+                notes.append(f"- (!) `{rec.cell_id}`: {why}")
     return ["## Warnings", "", *notes, ""] if notes else []
 
 
@@ -182,7 +198,7 @@ def to_csv(matrix: Matrix) -> str:
         line = [row.workload, *(format_param(params.get(n)) if n in params else "" for n in names)]
         for engine in matrix.engines:
             line += _csv_entry(row.entries.get(engine), list(labels))
-        writer.writerow(line)
+        writer.writerow([_csv_text(v) for v in line])
     return buf.getvalue()
 
 

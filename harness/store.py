@@ -4,6 +4,8 @@ Layout::
 
     <results-dir>/<run-id>/manifest.json       every planned cell; completed last
     <results-dir>/<run-id>/cells/<cell-id>.json one record per cell, written once
+    <results-dir>/<run-id>/cells/<cell-id>~N.json   attempt N (N > 1) after ``--resume``
+    <results-dir>/<run-id>/logs/                  engine worker output (redacted)
 
 A record is written to a temporary file in the same directory, fsynced, then
 hard-linked to its final name (``link`` fails if the name exists, so nothing is ever
@@ -15,19 +17,35 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import os
 import secrets
 import tempfile
 from pathlib import Path
 
-from harness.records import CellRecord, Manifest, check_id, dump, read
+from harness.records import CellRecord, Manifest, RecordError, check_id, dump, read
 
 MANIFEST = "manifest.json"
 CELLS = "cells"
+LOGS = "logs"
+ATTEMPT_SEP = "~"  # not an id character, so ``<cell-id>~N`` parses one way only
 
 
 class RecordExists(FileExistsError):
     pass
+
+
+class StorageError(OSError):
+    """The results directory cannot take a write (full disk, quota, read-only)."""
+
+
+def _storage_error(exc: OSError, path: Path) -> StorageError:
+    why = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EROFS: "the file system is read-only",
+    }.get(exc.errno or 0, exc.strerror or str(exc))
+    return StorageError(exc.errno or 0, f"cannot write in {path}: {why}")
 
 
 def utcnow() -> str:
@@ -64,9 +82,11 @@ def _write_temp(directory: Path, data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and not isinstance(exc, StorageError):
+            raise _storage_error(exc, directory) from exc
         raise
     return Path(tmp)
 
@@ -78,6 +98,8 @@ def write_new(path: Path, data: bytes) -> None:
         os.link(tmp, path)
     except FileExistsError as exc:
         raise RecordExists(f"{path} already exists; records are never overwritten") from exc
+    except OSError as exc:
+        raise _storage_error(exc, path.parent) from exc
     finally:
         os.unlink(tmp)
     _fsync_dir(path.parent)
@@ -95,12 +117,13 @@ def replace(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def cell_path(run_dir: Path, cell_id: str) -> Path:
-    return run_dir / CELLS / f"{check_id(cell_id)}.json"
+def cell_path(run_dir: Path, cell_id: str, attempt: int = 1) -> Path:
+    suffix = "" if attempt == 1 else f"{ATTEMPT_SEP}{attempt}"
+    return run_dir / CELLS / f"{check_id(cell_id)}{suffix}.json"
 
 
 def write_record(run_dir: Path, record: CellRecord) -> Path:
-    path = cell_path(run_dir, record.cell_id)
+    path = cell_path(run_dir, record.cell_id, record.attempt)
     write_new(path, dump(record))
     return path
 
@@ -118,10 +141,29 @@ def read_manifest(run_dir: Path) -> Manifest:
     return read(Manifest, path)
 
 
-def read_records(run_dir: Path) -> list[CellRecord]:
-    """Every cell record of a run, sorted by cell id; any bad file is an error."""
+def _read_cell_file(path: Path) -> CellRecord:
+    record = read(CellRecord, path)
+    if path.name != cell_path(path.parent.parent, record.cell_id, record.attempt).name:
+        raise RecordError(
+            f"{path}: holds cell {record.cell_id!r} attempt {record.attempt}; the file name"
+            " does not match (renamed or planted?)"
+        )
+    return record
+
+
+def read_all_records(run_dir: Path) -> list[CellRecord]:
+    """Every record of a run, every attempt, by cell id then attempt; a bad file is an error."""
     cells = run_dir / CELLS
     if not cells.is_dir():
         raise FileNotFoundError(f"{run_dir} has no {CELLS}/ directory")
-    paths = sorted(p for p in cells.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
-    return [read(CellRecord, p) for p in paths]
+    paths = [p for p in cells.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]
+    found = [_read_cell_file(p) for p in paths]
+    return sorted(found, key=lambda r: (r.cell_id, r.attempt))
+
+
+def read_records(run_dir: Path) -> list[CellRecord]:
+    """The latest attempt of every cell of a run, sorted by cell id."""
+    latest: dict[str, CellRecord] = {}
+    for record in read_all_records(run_dir):
+        latest[record.cell_id] = record  # attempts come in ascending order
+    return list(latest.values())

@@ -90,7 +90,7 @@ def run_cells(pytester, *extra):
     pytester.makepyfile(test_wl=CELLS)
     results = pytester.path / "runs"
     engines = "--engine=fake-tensor,fake-generative,fake-unavailable"
-    result = pytester.runpytest(engines, f"--results-dir={results}", *extra)
+    result = pytester.runpytest(engines, f"--results-dir={results}", "--isolation=none", *extra)
     (run_dir,) = list(results.iterdir())
     return result, run_dir
 
@@ -134,23 +134,22 @@ def test_every_planned_cell_leaves_a_record_with_its_status(pytester, fakes):
     )
     assert "RuntimeError: workload exploded" in records["boom.fake-tensor"].reasons[0]
     assert records["forgot_to_finish.fake-tensor"].reasons == (
-        "teardown: RuntimeError: the workload ended without reporting a result"
-        " (Cell.finish was never called)",
+        "call: the workload ended without reporting a result (Cell.finish was never called)",
     )
     manifest = store.read_manifest(run_dir)
     assert manifest.state == "complete"
     assert len(manifest.planned) == 12
     assert manifest.statuses == {cid: r.status for cid, r in sorted(records.items())}
-    # pytest agrees with the records: ok, invalid and the plain test pass; forgot_to_finish
-    # passes its call but errors at teardown, so it counts as passed *and* errored.
-    result.assert_outcomes(passed=5, failed=2, errors=2, skipped=6)
+    # pytest agrees with the records: ok, invalid and the plain test pass; a cell that
+    # never reported a result fails.
+    result.assert_outcomes(passed=3, failed=4, skipped=6)
 
 
 def test_matrix_is_written_at_session_end_and_printed(pytester, fakes):
     result, run_dir = run_cells(pytester)
     md = (run_dir / "matrix.md").read_text()
     assert "| 100 | p50 1 ms | SKIPPED: fake-generative lacks capability family=tensor" in md
-    assert "| 5 | INVALID: 5 successful samples < minimum 100" in md
+    assert "| 5 | INVALID: 5 successful samples &lt; minimum 100" in md
     result.stdout.fnmatch_lines(
         ["*harness result matrix*", "*cells: 4 failed, 1 invalid, 1 ok, 6 skipped*"]
     )
@@ -188,15 +187,19 @@ def test_o(cell, open_engine, tmp_path):
         "--engine=fake-tensor",
         "--engine-opt=fake-tensor.fail=infer",
         f"--results-dir={pytester.path / 'r'}",
+        "--isolation=none",
     )
-    result.assert_outcomes(passed=1, errors=1)  # no result reported, but the option arrived
+    result.assert_outcomes(failed=1)  # no result reported, but the option arrived
+    result.stdout.fnmatch_lines(["*Cell.finish was never called*"])
     result.stdout.fnmatch_lines(["*cells: 1 failed*"])
 
 
 def test_cells_run_grouped_by_engine_in_option_order(pytester, fakes):
     pytester.makepyfile(test_wl=CELLS)
     results = pytester.path / "runs"
-    pytester.runpytest("--engine=fake-unavailable,fake-tensor", f"--results-dir={results}")
+    pytester.runpytest(
+        "--engine=fake-unavailable,fake-tensor", f"--results-dir={results}", "--isolation=none"
+    )
     (run_dir,) = list(results.iterdir())
     engines = [c.engine for c in store.read_manifest(run_dir).planned]
     assert engines == ["fake-unavailable"] * 4 + ["fake-tensor"] * 4

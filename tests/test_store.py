@@ -24,7 +24,7 @@ def test_failure_mid_write_leaves_no_partial_record(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", broken_fsync)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(store.StorageError, match="no space left on the device"):
         store.write_record(run, record(run_id=run.name))
     monkeypatch.undo()
     assert list((run / store.CELLS).iterdir()) == []

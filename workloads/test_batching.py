@@ -111,7 +111,8 @@ def test_batching(
 
     load = OpenLoop(rate=rate, duration=harness_settings.profile.window_s)
     offsets = load.schedule(seed)
-    trace = serve_open_loop(offsets, policy, run_batch, clock)
+    timeout = harness_settings.reliability.request_timeout_s
+    trace = serve_open_loop(offsets, policy, run_batch, clock, timeout)
 
     ok = ~trace.failed
     e2e = (trace.t_done - trace.t_sched)[ok]

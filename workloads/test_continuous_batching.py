@@ -35,7 +35,6 @@ OUTPUT = (32, 4, 128)  # wide spread: what static batching pays for
 RATE = 8.0  # about half of what one 2-core CPU serves: load, not overload
 GRID = [("continuous", 16), ("static", 16), ("continuous", 4), ("static", 4)]
 SERVER_SEQS = 16  # the harness-started server's max_num_seqs (engines/vllm_server.py)
-TIMEOUT_S = 300.0
 
 
 @pytest.mark.requires(family="generative", native_batching="continuous")
@@ -61,7 +60,7 @@ def test_continuous_batching(
     reqs = make_requests(n, seed, vocab_size(model), PROMPT, OUTPUT)
     offsets = OpenLoop(rate=RATE, duration=n / RATE).schedule(seed)[:n]
     reqs = reqs[: len(offsets)]
-    driver = Driver(engine, MonotonicClock(), TIMEOUT_S)
+    driver = Driver(engine, MonotonicClock(), harness_settings.reliability.request_timeout_s)
     # warm-up as wide as a batch: also opens the client connections a burst will need
     warm = make_requests(max_num_seqs, seed + 1, vocab_size(model), PROMPT, OUTPUT)
     aio.run(driver.closed_loop(warm, max_num_seqs))

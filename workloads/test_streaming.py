@@ -30,7 +30,6 @@ from workloads.generative import (
 PROMPT = (64, 16, 256)  # median, min, max tokens
 OUTPUT = (32, 8, 64)
 LOADS = [("closed", 1.0), ("closed", 4.0), ("open", 4.0), ("open", 12.0)]
-TIMEOUT_S = 120.0
 
 
 @pytest.mark.requires(family="generative", streaming=True)
@@ -50,7 +49,7 @@ def test_streaming(
     n = harness_settings.profile.gen_requests
     reqs = make_requests(n, seed, vocab_size(model), PROMPT, OUTPUT)
     warm = make_requests(4, seed + 1, vocab_size(model), PROMPT, OUTPUT)
-    driver = Driver(engine, MonotonicClock(), TIMEOUT_S)
+    driver = Driver(engine, MonotonicClock(), harness_settings.reliability.request_timeout_s)
     aio.run(driver.closed_loop(warm, 4))
     before = read_counters(engine)
     if load == "closed":

@@ -1,0 +1,208 @@
+"""The state of one run in one pytest process: its directory, plan, records and incidents.
+
+Used by the plugin in every role: in-process, as the controller of workers (it is the
+``Recorder`` of harness.isolation), and inside a worker, where each record it writes is
+also announced to the controller.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import store
+from harness.cell import Cell, make_cell_id
+from harness.config import RunSettings, UsageError
+from harness.environment import fingerprint
+from harness.records import Manifest, ParamValue, PlannedCell, RecordError, Status
+from harness.worker import EventSink
+
+ENGINE_ARG = "engine_name"
+
+
+def is_cell(item: pytest.Item) -> bool:
+    return isinstance(item, pytest.Function) and "cell" in item.fixturenames
+
+
+def engine_of(item: pytest.Item) -> str | None:
+    spec = getattr(item, "callspec", None)
+    engine = spec.params.get(ENGINE_ARG) if spec else None
+    return str(engine) if engine is not None and is_cell(item) else None
+
+
+def _params(item: pytest.Function) -> dict[str, ParamValue]:
+    spec = getattr(item, "callspec", None)
+    params = dict(spec.params) if spec else {}
+    params.pop(ENGINE_ARG, None)
+    for key, value in params.items():
+        if not isinstance(value, str | int | float | bool | type(None)):
+            raise pytest.UsageError(
+                f"{item.nodeid}: cell parameter {key}={value!r} must be a scalar"
+            )
+    return params
+
+
+def planned_cell(item: pytest.Function) -> PlannedCell:
+    engine = engine_of(item) or "?"
+    params = _params(item)
+    workload = item.originalname.removeprefix("test_")  # test_batching -> batching
+    return PlannedCell(
+        cell_id=make_cell_id(workload, engine, params),
+        workload=workload,
+        engine=engine,
+        params=params,
+        nodeid=item.nodeid,
+    )
+
+
+@dataclass
+class RunState:
+    run_dir: Path
+    manifest: Manifest
+    settings: RunSettings
+    planned: dict[str, PlannedCell] = field(default_factory=dict)  # by nodeid
+    written: dict[str, Status] = field(default_factory=dict)  # by cell id, latest attempt
+    incidents: list[str] = field(default_factory=list)
+    fatal_error: str | None = None
+    sink: EventSink | None = None
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def attempt(self) -> int:
+        return self.manifest.attempt
+
+    def new_cell(self, planned: PlannedCell) -> Cell:
+        return Cell(
+            run_id=self.manifest.run_id,
+            cell_id=planned.cell_id,
+            workload=planned.workload,
+            engine=planned.engine,
+            params=dict(planned.params),
+            policy=self.settings.profile.policy,
+            environment=fingerprint(),
+            attempt=self.attempt,
+        )
+
+    def write(
+        self, cell: Cell, status: Status | None, reasons: Sequence[str], **extra: Any
+    ) -> None:
+        record = cell.record(status, reasons, **extra)
+        try:
+            store.write_record(self.run_dir, record)
+        except store.StorageError as exc:
+            self.fatal(
+                f"{exc}. Finished records are kept; free space, then finish the run"
+                f" with --resume {self.run_dir}"
+            )
+            pytest.exit(self.fatal_error or str(exc), returncode=pytest.ExitCode.INTERRUPTED)
+        self.note(record.cell_id, record.status)
+        if self.sink is not None:
+            self.sink.send("record", cell_id=record.cell_id, status=record.status.value)
+
+    # -- the Recorder protocol of harness.isolation ------------------------------------
+    def note(self, cell_id: str, status: Status) -> None:
+        self.written[cell_id] = status
+
+    def lost(
+        self, item: pytest.Item, status: Status, reasons: list[str], tail: Sequence[str]
+    ) -> bool:
+        planned = self.planned[item.nodeid]
+        if store.cell_path(self.run_dir, planned.cell_id, self.attempt).exists():
+            return False
+        cell = self.new_cell(planned)
+        try:
+            self.write(cell, status, reasons, stderr_tail=tail)
+        except store.RecordExists:
+            return False
+        return True
+
+    def incident(self, text: str) -> None:
+        self.incidents.append(text[:4000])
+        if self.sink is not None:
+            self.sink.send("incident", text=text[:4000])
+
+    def fatal(self, text: str) -> None:
+        self.fatal_error = text
+        if self.sink is not None:
+            self.sink.send("fatal", text=text)
+
+    # -- the manifest ------------------------------------------------------------------
+    def finish(self, interrupted: bool) -> Manifest:
+        planned_ids = {c.cell_id for c in self.manifest.planned}
+        complete = planned_ids <= set(self.written) and not interrupted
+        final = self.manifest.model_copy(
+            update={
+                "state": "complete" if complete else "incomplete",
+                "finished_at": store.utcnow(),
+                "statuses": dict(sorted(self.written.items())),
+                "incidents": (*self.manifest.incidents, *self.incidents),
+            }
+        )
+        return Manifest.model_validate(final.model_dump())
+
+
+def _unique_ids(cells: Sequence[PlannedCell]) -> None:
+    seen: dict[str, str] = {}
+    for c in cells:
+        if c.cell_id in seen:
+            raise pytest.UsageError(
+                f"{seen[c.cell_id]} and {c.nodeid} map to the same cell id {c.cell_id!r};"
+                " give their parameters distinct values"
+            )
+        seen[c.cell_id] = c.nodeid
+
+
+def start_run(settings: RunSettings, cells: Sequence[PlannedCell]) -> RunState:
+    _unique_ids(cells)
+    run_dir = store.new_run_dir(settings.results_dir)
+    manifest = Manifest(
+        run_id=run_dir.name,
+        state="running",
+        created_at=store.utcnow(),
+        command=tuple(sys.argv),
+        settings=settings.to_json(),
+        environment=fingerprint(),
+        planned=tuple(cells),
+    )
+    store.write_manifest(run_dir, manifest)
+    return RunState(run_dir, manifest, settings, {c.nodeid: c for c in cells})
+
+
+def read_run(run_dir: Path) -> tuple[Manifest, dict[str, Status]]:
+    """A run's manifest and the latest status of each cell; a bad file is a usage error."""
+    try:
+        manifest = store.read_manifest(run_dir)
+        if manifest.run_id != run_dir.name:
+            raise RecordError(f"{run_dir}: manifest names run {manifest.run_id!r}")
+        latest = {r.cell_id: r.status for r in store.read_records(run_dir)}
+    except (RecordError, OSError) as exc:
+        raise UsageError(f"--resume {run_dir}: {exc}") from None
+    return manifest, latest
+
+
+def check_resumable(manifest: Manifest, settings: RunSettings) -> None:
+    """A resumed run must measure the way the original did, or its matrix would mix two."""
+    before = {k: v for k, v in manifest.settings.items() if k != "results_dir"}
+    now = settings.measurement()
+    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    if changed:
+        detail = "; ".join(f"{k}: was {before.get(k)!r}, now {now.get(k)!r}" for k in changed)
+        raise UsageError(
+            f"--resume {manifest.run_id}: options differ from the original run ({detail});"
+            " pass the same --engine/--profile/--seed/... options"
+        )
+
+
+def resume_run(
+    run_dir: Path, settings: RunSettings, manifest: Manifest, latest: dict[str, Status]
+) -> RunState:
+    resumed = manifest.model_copy(update={"state": "running", "attempt": manifest.attempt + 1})
+    resumed = Manifest.model_validate(resumed.model_dump())
+    store.write_manifest(run_dir, resumed)
+    planned = {c.nodeid: c for c in resumed.planned}
+    return RunState(run_dir, resumed, settings, planned, written=dict(latest))
