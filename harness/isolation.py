@@ -38,6 +38,7 @@ from harness.worker import WorkerSpec
 POLL_S = 0.5
 MEMORY_SHARE = 0.9  # default worker limit: act before the kernel's OOM killer picks a victim
 NORMAL_EXITS = (0, 1)  # pytest: all passed / some failed; anything else is abnormal
+STOPPED = 2  # pytest's "interrupted": normal when the worker stopped itself on purpose
 
 
 class Recorder(Protocol):
@@ -88,6 +89,8 @@ class Attempt:
     abnormal: str = ""
     fatal: bool = False
     never_ready: bool = False
+    requeued: bool = False
+    recycled: bool = False  # the worker stopped itself after a crash-like error
     tail: tuple[str, ...] = ()
     started: float | None = None
 
@@ -147,9 +150,9 @@ class Supervisor:
                     attempt.started,
                 )
                 remaining = [i for i in remaining if i is not attempt.lost]
-            elif attempt.abnormal and not remaining:
+            if attempt.abnormal:
                 self.recorder.incident(attempt.abnormal)
-            if not (attempt.lost or attempt.abnormal):
+            if not (attempt.lost or attempt.abnormal or attempt.recycled):
                 continue
             restarts += 1
             if remaining and restarts > self.limits.max_restarts:
@@ -351,13 +354,13 @@ class Watch:
                 f"the worker failed to start"
                 f" ({what}); its last output: " + " | ".join(list(self.child.tail)[-8:])
             )
-        elif code not in NORMAL_EXITS:
+        elif code not in NORMAL_EXITS and not (code == STOPPED and self._stopped_itself()):
             where = f" after {flight.item.nodeid}" if flight else ""
             self.attempt.abnormal = (
                 f"the worker ended abnormally ({what}) while {self.phase}{where}; last output:\n"
                 + "\n".join(self.child.tail)
             )
-        elif set(self.items) - self.attempt.finished and not self.attempt.fatal:
+        elif set(self.items) - self.attempt.finished and not self._stopped_itself():
             self.attempt.abnormal = f"the worker stopped early ({what}) while {self.phase}"
 
     # -- events --------------------------------------------------------------------
@@ -417,6 +420,19 @@ class Watch:
         self.flight = None
         self.deadline = time.monotonic() + self.limits.load_timeout_s
         self.phase = "between cells (closing or starting an engine)"
+
+    def _stopped_itself(self) -> bool:
+        return self.attempt.requeued or self.attempt.recycled
+
+    def _on_recycle(self, data: dict[str, Any]) -> None:
+        self.attempt.recycled = True
+
+    def _on_requeue(self, data: dict[str, Any]) -> None:
+        """The worker hands the cell back: its next engine instance gets a fresh process."""
+        self.attempt.requeued = True
+        self.flight = None
+        self.deadline = time.monotonic() + self.limits.load_timeout_s
+        self.phase = f"closing before {data['nodeid']} moves to a fresh worker"
 
     def _on_incident(self, data: dict[str, Any]) -> None:
         self.sup.recorder.incident(str(data.get("text", "")))

@@ -29,7 +29,7 @@ from harness.config import (
 )
 from harness.engine import Engine, EngineConfig, EngineError, is_fatal
 from harness.isolation import Supervisor, groups
-from harness.pool import EnginePool
+from harness.pool import EnginePool, NewEngineInstance
 from harness.records import Manifest, Status
 from harness.run import (
     ENGINE_ARG,
@@ -60,9 +60,9 @@ class Shared:
     """The session's event loop and engine pool, closed by the plugin after the last cell
     (not as fixture teardown, which would charge a failing close to the last cell)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fresh_process_per_instance: bool) -> None:
         self.runner = asyncio.Runner()
-        self.pool = EnginePool()
+        self.pool = EnginePool(fresh_process_per_instance)
 
     def close(self) -> list[str]:
         errors = self.pool.close_all()
@@ -75,7 +75,7 @@ class Shared:
 
 def _shared(config: pytest.Config) -> Shared:
     if SHARED not in config.stash:
-        config.stash[SHARED] = Shared()
+        config.stash[SHARED] = Shared(fresh_process_per_instance=WORKER in config.stash)
     return config.stash[SHARED]
 
 
@@ -337,6 +337,7 @@ def cell(request: pytest.FixtureRequest, harness_settings: RunSettings, engine_n
     planned = state.planned[item.nodeid]
     new = state.new_cell(planned)
     item.stash[CELL] = new
+    _shared(request.config).pool.new_cell()
     _skip_if_unable(item, planned.engine, harness_settings.device)
     return new
 
@@ -465,11 +466,22 @@ def pytest_runtest_makereport(
     state = item.config.stash.get(RUN, None)
     if state is None or not is_cell(item):
         return rep
+    if call.excinfo is not None and isinstance(call.excinfo.value, NewEngineInstance):
+        _requeue(item)
+        return rep
     if rep.when == "call" or (rep.when == "setup" and not rep.passed):
         _record(item, state, rep, call)
     elif rep.when == "teardown" and rep.failed:
         state.incident(f"{item.nodeid}: {_why(rep)}")
     return rep
+
+
+def _requeue(item: pytest.Item) -> None:
+    session = item.config.pluginmanager.get_plugin("harness-worker")
+    if not isinstance(session, WorkerSession):
+        raise RuntimeError("a fresh engine instance was requested outside a worker")
+    item.stash[RECORDED] = True  # the fresh worker records it
+    session.requeue(item, "it needs another engine configuration than the cells before it")
 
 
 def _record(
@@ -498,6 +510,7 @@ def _recycle(item: pytest.Item, state: RunState, why: str) -> None:
     """After a device or memory error the engine's process is suspect: a worker ends its
     session after this cell, and the controller starts a fresh one for the rest."""
     if state.sink is not None:
+        state.sink.send("recycle", why=why[:500])
         item.session.shouldstop = f"restarting the worker after a crash-like error: {why[:200]}"
 
 

@@ -6,18 +6,38 @@ from collections.abc import Callable
 
 from harness.engine import Engine, EngineError
 
+Key = tuple[str, ...]
+
+
+class NewEngineInstance(BaseException):
+    """Raised by a worker's pool when a cell needs a different shared engine than earlier
+    cells loaded: the cell is handed to a fresh worker, so that every engine instance
+    starts in a clean process (no threads, caches or fragments of the previous one).
+    A BaseException so that a workload's ``except Exception`` cannot swallow it."""
+
 
 class EnginePool:
     """The shared engine of consecutive cells with the same configuration (vLLM takes
     tens of seconds to start). One engine is kept alive at a time: an idle engine (vLLM's
     engine core polls) would take CPU from the one being measured. A failed load is
-    remembered so later cells of that configuration fail at once."""
+    remembered so later cells of that configuration fail at once.
 
-    def __init__(self) -> None:
-        self._engines: dict[tuple[str, ...], Engine | EngineError] = {}
+    With ``fresh_process_per_instance`` (in a worker), switching to another configuration
+    raises ``NewEngineInstance`` instead of loading it next to the leftovers of the last.
+    """
 
-    def get(self, key: tuple[str, ...], make: Callable[[], Engine]) -> Engine:
+    def __init__(self, fresh_process_per_instance: bool = False) -> None:
+        self._engines: dict[Key, Engine | EngineError] = {}
+        self._this_cell: set[Key] = set()
+        self._fresh_process = fresh_process_per_instance
+
+    def new_cell(self) -> None:
+        self._this_cell = set()
+
+    def get(self, key: Key, make: Callable[[], Engine]) -> Engine:
         if key not in self._engines:
+            if self._fresh_process and set(self._engines) - self._this_cell:
+                raise NewEngineInstance(key)
             errors = self.close_all(keep_failures=True)
             if errors:
                 raise EngineError("closing the previous shared engine failed: " + "; ".join(errors))
@@ -25,6 +45,7 @@ class EnginePool:
                 self._engines[key] = make()
             except EngineError as exc:
                 self._engines[key] = exc
+            self._this_cell.add(key)
         found = self._engines[key]
         if isinstance(found, EngineError):
             raise EngineError(f"engine failed to load for an earlier cell: {found}")

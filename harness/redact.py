@@ -16,7 +16,9 @@ MASK = "[REDACTED]"
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.IGNORECASE)
 MIN_SECRET_LEN = 6  # shorter values ("1", "true") are flags, and masking them garbles text
 _INLINE = re.compile(
-    r"(?i)(bearer\s+|(?:api[_-]?key|token|secret|password|authorization)[\"']?\s*[=:]\s*[\"']?)"
+    r"(?i)((?:bearer|basic)\s+"
+    r"|(?:api[_-]?key|token|secret|password|authorization)[\"']?\s*[=:]\s*[\"']?"
+    r"(?:(?:bearer|basic)\s+)?)"
     r"([^\s\"'&,;]{4,})"
 )
 

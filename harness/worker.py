@@ -85,6 +85,14 @@ class WorkerSession:
         self.config = config
         self.spec = spec
         self.sink = sink
+        self.requeued: set[str] = set()
+
+    def requeue(self, item: pytest.Item, why: str) -> None:
+        """Hand ``item`` back to the controller for a fresh worker and stop after it; its
+        reports here are not forwarded (for the controller it has not run yet)."""
+        self.requeued.add(item.nodeid)
+        self.sink.send("requeue", nodeid=item.nodeid, why=why)
+        item.session.shouldstop = f"handing {item.nodeid} to a fresh worker: {why}"
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(
@@ -104,8 +112,12 @@ class WorkerSession:
         self.sink.send("logstart", nodeid=nodeid, location=location)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid in self.requeued:
+            return
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.sink.send("report", data=data)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        if nodeid in self.requeued:
+            return
         self.sink.send("logfinish", nodeid=nodeid, location=location)

@@ -130,7 +130,12 @@ class FaultyEngine:
             )
 
     def describe(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"engine": self.name, "version": "0-faults", "fault": self.fault}
+        info: dict[str, Any] = {
+            "engine": self.name,
+            "version": "0-faults",
+            "fault": self.fault,
+            "pid": os.getpid(),
+        }
         if self.fault == "leak_secret":
             info["auth"] = os.environ.get("OPENAI_API_KEY", "")
             info["banner"] = "<script>alert(1)</script> | pipe"

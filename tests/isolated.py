@@ -55,7 +55,7 @@ GEN_WORKLOAD = """
 @pytest.mark.requires(family="generative")
 @pytest.mark.parametrize("fault", {gen_faults})
 def test_gen(cell, open_engine, harness_settings, aio, fault):
-    options = {{"fault": fault, "every": "10", "at": "3"}}
+    options = {{"fault": fault.partition("+")[0], "every": "10", "at": "3"}}
     engine = open_engine(Path("tiny"), options=options, shared=True)
     requests = [
         GenerationRequest(prompt=(5, 6, i), max_tokens=32, request_id=f"r{{i}}")
@@ -134,7 +134,7 @@ def write_project(
     (root / "conftest.py").write_text(CONFTEST)
     once = root / "once"
     once.mkdir(exist_ok=True)
-    source = WORKLOADS.format(tensor_faults=tensor_faults, once_dir=str(once))
+    source = WORKLOADS.format(tensor_faults=tensor_faults or ["none"], once_dir=str(once))
     if gen_faults:  # an empty parametrization would plan a cell of no parameters
         source += GEN_WORKLOAD.format(gen_faults=gen_faults)
     (root / "test_faults.py").write_text(source)

@@ -25,6 +25,8 @@ from tests.isolated import (
     write_project,
 )
 
+pytest_plugins = ["pytester"]
+
 TENSOR = [
     "none",
     "segfault",
@@ -166,24 +168,75 @@ def test_worker_output_is_logged_in_the_run(fault_run):
     assert "faulty: exiting mid-run" in text
 
 
-def test_restarts_are_capped(tmp_path):
-    write_project(tmp_path, ["exit+1", "exit+2", "exit+3", "exit+4", "none"])
-    proc = run(tmp_path, "--engine=faulty", f"--results-dir={tmp_path / 'r'}", "--max-restarts=2")
-    records = records_of(only_run_dir(tmp_path / "r"))
+def test_each_shared_engine_instance_gets_a_fresh_process(tmp_path):
+    write_project(tmp_path, [], ["none", "none+same", "raise_mid_stream", "none+again"])
+    proc = run(tmp_path, "--engine=faulty-gen", f"--results-dir={tmp_path / 'r'}")
+    run_dir = only_run_dir(tmp_path / "r")
+    records = records_of(run_dir)
+    pid = {
+        cid.split("fault=")[1]: r.engine_info["pid"]
+        for cid, r in records.items()
+        if cid.startswith("gen.")
+    }
+    assert pid["none"] == pid["none-same"]  # one configuration: one instance, loaded once
+    assert len({pid["none"], pid["raise_mid_stream"], pid["none-again"]}) == 3
+    assert records["gen.faulty-gen.fault=none-again"].status is Status.OK
+    assert len(list((run_dir / "logs").glob("*.log"))) == 3
+    assert store.read_manifest(run_dir).incidents == ()
+    assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+def test_restarts_are_capped(pytester):
+    write_project(pytester.path, ["exit+1", "exit+2", "exit+3", "exit+4", "none"])
+    result = pytester.runpytest_subprocess(
+        "--engine=faulty", f"--results-dir={pytester.path / 'r'}", "--max-restarts=2"
+    )
+    records = records_of(only_run_dir(pytester.path / "r"))
     statuses = [records[f"tensor.faulty.fault=exit-{i}"].status for i in (1, 2, 3, 4)]
     assert statuses == [Status.CRASHED] * 3 + [Status.FAILED]
     assert records["tensor.faulty.fault=none"].status is Status.FAILED
-    assert (
-        "over the restart cap (--max-restarts=2)" in records["tensor.faulty.fault=none"].reasons[0]
-    )
-    assert proc.returncode == pytest.ExitCode.TESTS_FAILED
+    capped = records["tensor.faulty.fault=none"]
+    assert "over the restart cap (--max-restarts=2)" in capped.reasons[0]
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(failed=5)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupt_keeps_finished_cells_and_resume_completes(tmp_path, sig):
+def test_cells_record_the_same_under_isolation_as_in_process(pytester):
+    """The plugin's own scenarios (tests/test_plugin.py) give the same statuses in workers."""
+    from tests.test_plugin import CELLS  # noqa: PLC0415
+
+    write_project(pytester.path, [])
+    pytester.makepyfile(test_faults="", test_wl=CELLS)
+    statuses = {}
+    for mode in ("process", "none"):
+        results = pytester.path / mode
+        result = pytester.runpytest_subprocess(
+            "--engine=fake-tensor,fake-generative,fake-unavailable",
+            f"--results-dir={results}",
+            f"--isolation={mode}",
+        )
+        result.assert_outcomes(passed=3, failed=4, skipped=6)
+        run_dir = only_run_dir(results)
+        statuses[mode] = {c: r.status for c, r in records_of(run_dir).items()}
+        assert store.read_manifest(run_dir).state == "complete"
+    assert statuses["process"] == statuses["none"]
+    assert len(statuses["process"]) == 12
+
+
+@pytest.mark.parametrize(
+    ("sig", "isolation"),
+    [(signal.SIGINT, "process"), (signal.SIGTERM, "process"), (signal.SIGINT, "none")],
+    ids=["SIGINT", "SIGTERM", "SIGINT-in-process"],
+)
+def test_interrupt_keeps_finished_cells_and_resume_completes(tmp_path, sig, isolation):
     write_project(tmp_path, ["none", "hang+once", "none+last"])
     results = tmp_path / "r"
-    args = ["--engine=faulty", f"--results-dir={results}", "--window=1.5"]
+    args = [
+        "--engine=faulty",
+        f"--results-dir={results}",
+        "--window=1.5",
+        f"--isolation={isolation}",
+    ]
     proc = subprocess.Popen(
         pytest_argv(*args), cwd=tmp_path, env=env(), stdout=subprocess.PIPE, text=True
     )

@@ -1,0 +1,112 @@
+"""Secrets, hostile text and hostile file names: what the harness writes stays safe."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import records, report, store
+from harness.cell import make_cell_id
+from harness.child import describe_exit
+from harness.config import UsageError, parse_size
+from harness.records import CellRecord, RecordError, Status
+from harness.redact import MASK, redact, redact_text, secrets_in
+from tests.records_factory import manifest, record
+
+
+def test_secret_named_variables_are_masked_everywhere():
+    env = {"OPENAI_API_KEY": "sk-abcdef123456", "HF_TOKEN": "hf_zzzzzzzz", "HOME": "/root"}
+    found = secrets_in(env)
+    assert set(found) == {"sk-abcdef123456", "hf_zzzzzzzz"}
+    data = {"msg": "key sk-abcdef123456 refused", "nested": ["hf_zzzzzzzz"], "n": 3}
+    assert redact(data, found) == {"msg": f"key {MASK} refused", "nested": [MASK], "n": 3}
+    assert redact_text("/root stays", found) == "/root stays"
+
+
+def test_inline_credentials_are_masked_without_knowing_them():
+    text = "GET /v1?api_key=abc123xyz&x=1 Authorization: Bearer tok-999999"
+    out = redact_text(text, ())
+    assert "abc123xyz" not in out
+    assert "tok-999999" not in out
+    assert out.count(MASK) == 2
+
+
+def test_records_are_redacted_when_written(monkeypatch):
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "s3cr3t-value-42")
+    rec = record(status=Status.FAILED, reasons=("auth failed for s3cr3t-value-42",))
+    text = records.dump(rec).decode()
+    assert "s3cr3t-value-42" not in text
+    assert f"auth failed for {MASK}" in text
+
+
+def test_cell_ids_cannot_name_paths_outside_the_run():
+    cid = make_cell_id("w", "e", {"model": "../../etc/passwd", "x": "a/b"})
+    assert "/" not in cid
+    assert records.check_id(cid) == cid
+    with pytest.raises(ValueError, match="safe id"):
+        store.cell_path(store.Path("/r"), "../escape")
+
+
+def test_a_planted_or_renamed_record_is_an_error(tmp_path):
+    run = store.new_run_dir(tmp_path)
+    store.write_record(run, record(cell_id="a", run_id=run.name))
+    (run / "cells" / "a.json").rename(run / "cells" / "b.json")
+    with pytest.raises(RecordError, match=r"b\.json: holds cell 'a'"):
+        store.read_records(run)
+
+
+def test_latest_attempt_wins_and_every_attempt_is_kept(tmp_path):
+    run = store.new_run_dir(tmp_path)
+    store.write_record(run, record(cell_id="a", run_id=run.name, status=Status.FAILED))
+    store.write_record(run, record(cell_id="a", run_id=run.name, attempt=2))
+    assert [r.attempt for r in store.read_all_records(run)] == [1, 2]
+    [latest] = store.read_records(run)
+    assert (latest.attempt, latest.status) == (2, Status.OK)
+    assert (run / "cells" / "a~2.json").is_file()
+
+
+def test_a_schema_1_record_migrates_to_the_current_schema():
+    data = json.loads(records.dump(record()))
+    for key in ("attempt", "stderr_tail"):
+        data.pop(key)
+    data["schema_version"] = 1
+    back = records.parse(CellRecord, json.dumps(data).encode(), "old.json")
+    assert (back.schema_version, back.attempt, back.stderr_tail) == (records.SCHEMA_VERSION, 1, ())
+
+
+def test_matrix_text_from_engines_is_inert():
+    rec = record(
+        status=Status.FAILED, reasons=("<img src=x onerror=alert(1)> | [link](http://x) *b*",)
+    )
+    m = report.build(manifest([(rec.cell_id, rec.engine, dict(rec.params))]), [rec])
+    md = report.to_markdown(m)
+    assert "<img" not in md
+    assert "&lt;img src=x onerror=alert(1)&gt; \\| \\[link\\](http://x) \\*b\\*" in md
+    csv_text = report.to_csv(
+        report.build(
+            manifest([(rec.cell_id, rec.engine, dict(rec.params))]),
+            [record(status=Status.FAILED, reasons=('=HYPERLINK("http://x")',))],
+        )
+    )
+    assert "'=HYPERLINK" in csv_text
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("512MiB", 512 * 2**20), ("2G", 2 * 2**30), ("1.5GiB", int(1.5 * 2**30)), ("4096", 4096)],
+)
+def test_sizes_parse(text, size):
+    assert parse_size(text, "--worker-memory") == size
+
+
+@pytest.mark.parametrize("text", ["lots", "-1G", "0"])
+def test_bad_sizes_are_usage_errors(text):
+    with pytest.raises(UsageError, match="--worker-memory"):
+        parse_size(text, "--worker-memory")
+
+
+def test_exit_statuses_read_as_words():
+    assert describe_exit(-11) == "killed by SIGSEGV"
+    assert "out-of-memory killer" in describe_exit(-9)
+    assert describe_exit(17) == "exit code 17"
