@@ -41,6 +41,7 @@ class Profile:
     gen_requests: int
     warmup_iterations: int
     policy: Policy
+    cell_timeout_s: float
 
     def __post_init__(self) -> None:
         if not self.window_s > 0 or self.requests < 1 or self.warmup_iterations < 0:
@@ -57,6 +58,7 @@ PROFILES: dict[ProfileName, Profile] = {
         # Smoke-level lag bound: shared 2-core CI machines show scheduler stalls of
         # several ms; lag only ever inflates the latency measured from t_sched.
         policy=Policy(min_window_s=1.0, min_samples=100, max_lag_p99_s=0.020),
+        cell_timeout_s=600.0,
     ),
     ProfileName.FULL: Profile(
         ProfileName.FULL,
@@ -65,6 +67,8 @@ PROFILES: dict[ProfileName, Profile] = {
         gen_requests=1500,
         warmup_iterations=200,
         policy=Policy(min_window_s=30.0, min_samples=1000, max_lag_p99_s=0.002),
+        # 1500 streamed requests one at a time on a CPU take tens of minutes
+        cell_timeout_s=3600.0,
     ),
 }
 
@@ -84,7 +88,7 @@ class Reliability:
     """
 
     isolation: Isolation = Isolation.PROCESS
-    cell_timeout_s: float = 600.0
+    cell_timeout_s: float | None = None  # None: the profile's
     load_timeout_s: float = 600.0
     request_timeout_s: float = 300.0
     max_restarts: int = 3
@@ -94,7 +98,7 @@ class Reliability:
     def __post_init__(self) -> None:
         for name in ("cell_timeout_s", "load_timeout_s", "request_timeout_s"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
+            if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds")
         if self.max_restarts < 0:
             raise ValueError("max_restarts must be >= 0")
@@ -132,6 +136,10 @@ class RunSettings:
             "gen_requests": self.profile.gen_requests,
             "request_timeout_s": self.reliability.request_timeout_s,
         }
+
+    @property
+    def cell_timeout_s(self) -> float:
+        return self.reliability.cell_timeout_s or self.profile.cell_timeout_s
 
     def measurement(self) -> dict[str, Any]:
         """The settings a resumed run must share with the original (what the numbers
@@ -306,7 +314,7 @@ def parse_reliability(
         raise UsageError(f"--max-restarts must be >= 0, got {max_restarts}")
     return Reliability(
         isolation=mode,
-        cell_timeout_s=cell_timeout or Reliability.cell_timeout_s,
+        cell_timeout_s=cell_timeout,
         load_timeout_s=load_timeout,
         request_timeout_s=request_timeout,
         max_restarts=max_restarts,

@@ -112,11 +112,13 @@ class Supervisor:
         recorder: Recorder,
         limits: Reliability,
         spec: WorkerSpec,
+        cell_timeout_s: float,
     ) -> None:
         self.session = session
         self.config = session.config
         self.recorder = recorder
         self.limits = limits
+        self.cell_timeout_s = cell_timeout_s
         self.run_dir = spec.run_dir
         self.attempt_no = spec.attempt
         self.memory_limit = limits.worker_memory_bytes or int(
@@ -297,17 +299,14 @@ class Watch:
     def _check_limits(self) -> bool:
         now = time.monotonic()
         if now >= self.deadline:
-            limit = (
-                self.limits.load_timeout_s
-                if self.flight is None or self.loading_since
-                else (self.limits.cell_timeout_s)
-            )
+            loading = self.flight is None or self.loading_since is not None
+            limit = self.limits.load_timeout_s if loading else self.sup.cell_timeout_s
             self.child.dump_stacks()
             self.child.kill()
             self._fail(
                 Status.TIMEOUT,
                 f"timeout: {self.phase} took over {limit:g} s (--cell-timeout"
-                f" {self.limits.cell_timeout_s:g} s, --load-timeout"
+                f" {self.sup.cell_timeout_s:g} s, --load-timeout"
                 f" {self.limits.load_timeout_s:g} s); worker stopped",
             )
             return True
@@ -327,12 +326,11 @@ class Watch:
         self.child.wait()
         self.child.close()
         self.attempt.tail = tuple(self.child.tail)
-        flight = self.flight
-        if flight is not None:  # recorded or not: _lose tells the two apart
-            self._lost(flight, status, reason)
-        else:
-            where = f" ({flight.item.nodeid})" if flight else ""
-            self.attempt.abnormal = f"{reason}{where}\n" + "\n".join(self.child.tail)
+        if self.flight is not None:  # recorded or not: _lose tells the two apart
+            self._lost(self.flight, status, reason)
+            return
+        self.attempt.never_ready = not self.ready
+        self.attempt.abnormal = f"{reason}; last output:\n" + "\n".join(self.child.tail)
 
     def _lost(self, flight: InFlight, status: Status, reason: str) -> None:
         self.attempt.lost = flight.item
@@ -350,14 +348,12 @@ class Watch:
             self._lost(flight, Status.CRASHED, f"the worker died ({what}) while {self.phase}")
         elif not self.ready:
             self.attempt.never_ready = True
-            self.attempt.abnormal = (
-                f"the worker failed to start"
-                f" ({what}); its last output: " + " | ".join(list(self.child.tail)[-8:])
+            self.attempt.abnormal = f"the worker failed to start ({what}); last output: " + (
+                " | ".join(list(self.child.tail)[-8:])
             )
         elif code not in NORMAL_EXITS and not (code == STOPPED and self._stopped_itself()):
-            where = f" after {flight.item.nodeid}" if flight else ""
             self.attempt.abnormal = (
-                f"the worker ended abnormally ({what}) while {self.phase}{where}; last output:\n"
+                f"the worker ended abnormally ({what}) while {self.phase}; last output:\n"
                 + "\n".join(self.child.tail)
             )
         elif set(self.items) - self.attempt.finished and not self._stopped_itself():
@@ -382,7 +378,7 @@ class Watch:
     def _on_logstart(self, data: dict[str, Any]) -> None:
         item = self.items[data["nodeid"]]
         self.flight = InFlight(item, time.monotonic())
-        self.deadline = time.monotonic() + self.limits.cell_timeout_s
+        self.deadline = time.monotonic() + self.sup.cell_timeout_s
         self.phase = f"running {item.nodeid}"
         self.sup._start(item)
 

@@ -143,7 +143,7 @@ def _add_reliability_options(parser: pytest.Parser) -> None:
         type=float,
         metavar="SECONDS",
         help="deadline of one cell, engine loading excluded; past it the cell is a timeout"
-        " (default: 600)",
+        " (default: 600 quick, 3600 full)",
     )
     group.addoption(
         "--load-timeout",
@@ -536,7 +536,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     if session.testsfailed and not config.option.continue_on_collection_errors:
         raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
     spec = WorkerSpec(state.run_dir, (), state.attempt, "")
-    supervisor = Supervisor(session, state, settings.reliability, spec)
+    supervisor = Supervisor(session, state, settings.reliability, spec, settings.cell_timeout_s)
     try:
         for group in groups(session.items, engine_of):
             if session.shouldstop or session.shouldfail or state.fatal_error:
