@@ -201,6 +201,8 @@ def check_resumable(manifest: Manifest, settings: RunSettings) -> None:
 def resume_run(
     run_dir: Path, settings: RunSettings, manifest: Manifest, latest: dict[str, Status]
 ) -> RunState:
+    for stale in (run_dir / store.CELLS).glob(".tmp-*"):
+        stale.unlink()  # a writer killed before its link: never a record, only litter
     resumed = manifest.model_copy(update={"state": "running", "attempt": manifest.attempt + 1})
     resumed = Manifest.model_validate(resumed.model_dump())
     store.write_manifest(run_dir, resumed)

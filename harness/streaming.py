@@ -15,12 +15,11 @@ output tokens it carried. From those alone:
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from harness import stats
+from harness import errors, stats
 
 
 @dataclass(frozen=True)
@@ -205,7 +204,7 @@ class StreamMetrics:
             "failed": failed,
             "met_slo": good,
         }
-        out["errors"] = _count(r.error for r in self.records if r.error is not None)
+        out["errors"] = errors.tally(r.error for r in self.records if r.error is not None)
         out["engine_side"] = self._engine_side()
         return out
 
@@ -247,7 +246,3 @@ class StreamMetrics:
                 "met": value is not None and value <= slo.threshold_s,
             }
         return verdicts
-
-
-def _count(values: Iterable[str]) -> dict[str, int]:
-    return dict(Counter(values))

@@ -77,7 +77,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import stats
+from harness import errors, stats
 from harness.batching import NoBatching, serve_open_loop
 from harness.clock import MonotonicClock
 from harness.engine import GenerationRequest
@@ -119,7 +119,10 @@ def test_tensor(cell, open_engine, harness_settings, fault, tmp_path_factory):
     failed = int(trace.failed.sum())
     e2e = (trace.t_done - trace.t_sched)[ok]
     cell.finish(
-        metrics={{"e2e": stats.to_json(stats.summarize(e2e, failed)), "errors": trace.errors}},
+        metrics={{
+            "e2e": stats.to_json(stats.summarize(e2e, failed)),
+            "errors": errors.tally(trace.errors),
+        }},
         evidence=Evidence(samples=int(ok.sum()), failed=failed, window_s=trace.window),
         headline=HEADLINE,
     )

@@ -141,6 +141,9 @@ def test_failed_requests_count_against_the_cell(fault_run):
     [(message, count)] = shape.metrics["errors"].items()
     assert "output rows for a batch of 1" in message
     assert count >= 200
+    raised = records["tensor.faulty.fault=raise"]  # a different message for every request
+    assert len(raised.metrics["errors"]) == 21
+    assert sum(raised.metrics["errors"].values()) == raised.metric("e2e.failed")
     stream = records["gen.faulty-gen.fault=raise_mid_stream"]
     assert stream.metrics["requests"]["failed"] == 20
     assert stream.metrics["errors"] == {"ConnectionResetError: faulty: stream reset mid-way": 20}
@@ -253,6 +256,7 @@ def test_interrupt_keeps_finished_cells_and_resume_completes(tmp_path, sig, isol
     assert "tensor.faulty.fault=none-last" not in records
     assert store.read_manifest(run_dir).state == "incomplete"
     kept = (run_dir / "cells" / "tensor.faulty.fault=none.json").read_bytes()
+    (run_dir / "cells" / ".tmp-killed-writer.json").write_text('{"schema_ver')
 
     again = run(tmp_path, *args, f"--resume={run_dir}")
     assert again.returncode == 0, again.stdout[-3000:]
@@ -263,6 +267,7 @@ def test_interrupt_keeps_finished_cells_and_resume_completes(tmp_path, sig, isol
     attempts = [r for r in store.read_all_records(run_dir) if "hang" in r.cell_id]
     assert [(r.attempt, r.status) for r in attempts] == [(1, Status.FAILED), (2, Status.OK)]
     assert (run_dir / "cells" / "tensor.faulty.fault=none.json").read_bytes() == kept
+    assert not list((run_dir / "cells").glob(".tmp-*"))
     manifest = store.read_manifest(run_dir)
     assert (manifest.state, manifest.attempt) == ("complete", 2)
     assert "INTERRUPTED" not in (run_dir / "matrix.md").read_text()

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness import stats
+from harness import errors, stats
 from harness.batching import (
     BatchPolicy,
     DynamicBatching,
@@ -148,7 +148,7 @@ def test_batching(
             "mean_size": float(sizes.mean()) if sizes.size else 0.0,
             "flushed_partial": trace.flushed_batches,
         },
-        "errors": dict(trace.errors),
+        "errors": errors.tally(trace.errors),
     }
     evidence = Evidence(
         samples=int(ok.sum()),
