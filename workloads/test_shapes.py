@@ -122,12 +122,19 @@ def test_shapes(
     latency = np.asarray(run.latency)
     first_seen = np.asarray(run.first_seen, dtype=bool)
     n, window = int(latency.size), run.window
+    # A synchronous call cannot be abandoned; one answered after the request timeout has
+    # failed all the same (its client gave up), and one that never returns meets the
+    # cell's deadline.
+    timeout = harness_settings.reliability.request_timeout_s
+    late = latency > timeout
+    failed = int(late.sum())
 
     steady = latency[~first_seen]
     cold = latency[first_seen]
     per_shape = _per_shape(run.keys, latency, first_seen)
     metrics = {
-        "latency": stats.to_json(stats.summarize(latency)),
+        "latency": stats.to_json(stats.summarize(latency[~late], failed)),
+        "errors": {f"timeout after {timeout:g} s": failed} if failed else {},
         "steady": stats.to_json(stats.summarize(steady)),
         "first_seen": {
             **stats.to_json(stats.summarize(cold)),
@@ -145,7 +152,10 @@ def test_shapes(
     cell.finish(
         metrics=metrics,
         evidence=Evidence(
-            samples=n, failed=0, window_s=window, negative_durations=int(np.sum(latency < 0))
+            samples=n - failed,
+            failed=failed,
+            window_s=window,
+            negative_durations=int(np.sum(latency < 0)),
         ),
         headline=[
             Headline(label="p50", metric="latency.p50", unit="ms", scale=1e3),
@@ -156,7 +166,7 @@ def test_shapes(
             Headline(label="tput", metric="throughput.real_elements_per_s", unit="elem/s"),
         ],
         samples={
-            "latency": stats.as_samples(latency),
+            "latency": stats.as_samples(latency[~late]),
             "first_seen": [float(x) for x in first_seen],
         },
         window={
