@@ -7,7 +7,6 @@ record whatever happens to it (ok, invalid, failed, skipped).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import signal
@@ -19,16 +18,10 @@ import pytest
 
 from harness import registry, report, store
 from harness.cell import Cell
-from harness.config import (
-    Isolation,
-    ProfileName,
-    RunSettings,
-    UsageError,
-    parse_reliability,
-    parse_settings,
-)
+from harness.config import Isolation, RunSettings, UsageError
 from harness.engine import Engine, EngineConfig, EngineError, is_fatal
 from harness.isolation import Supervisor, groups
+from harness.options import add_options, settings_from
 from harness.pool import EnginePool, NewEngineInstance
 from harness.records import Manifest, Status
 from harness.run import (
@@ -80,141 +73,12 @@ def _shared(config: pytest.Config) -> Shared:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("harness", "inference benchmark harness")
-    group.addoption(
-        "--engine",
-        action="append",
-        metavar="NAME[,NAME]",
-        help="engine(s) to benchmark; repeat or comma-separate (default: onnxruntime)",
-    )
-    group.addoption(
-        "--model", metavar="PATH", help="run a local model instead of the embedded default"
-    )
-    group.addoption("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    group.addoption(
-        "--results-dir",
-        default="results/runs",
-        metavar="DIR",
-        help="where run directories are created (default: results/runs)",
-    )
-    group.addoption(
-        "--profile",
-        default="quick",
-        help=f"{' | '.join(p.value for p in ProfileName)}: quick keeps cells to seconds,"
-        " full uses windows worth trusting (default: quick)",
-    )
-    group.addoption("--seed", type=int, default=0, help="seed for inputs and arrivals (default: 0)")
-    group.addoption(
-        "--window", type=float, metavar="SECONDS", help="override the profile's measured window"
-    )
-    group.addoption(
-        "--requests", type=int, metavar="N", help="override the profile's closed-loop request count"
-    )
-    group.addoption(
-        "--dim",
-        action="append",
-        metavar="NAME=SIZE",
-        help="size for a named dynamic dimension of a --model's inputs",
-    )
-    group.addoption(
-        "--slo",
-        metavar="METRIC_pNN=DURATION[,...]",
-        help="SLOs for goodput and verdicts, e.g. ttft_p99=200ms,tpot_p99=50ms",
-    )
-    group.addoption(
-        "--engine-opt",
-        action="append",
-        metavar="ENGINE.KEY=VALUE",
-        help="adapter option, e.g. onnxruntime.intra_op_threads=2",
-    )
-    _add_reliability_options(parser)
-
-
-def _add_reliability_options(parser: pytest.Parser) -> None:
-    group = parser.getgroup("harness")
-    group.addoption(
-        "--isolation",
-        default="process",
-        help="process: each engine's cells run in a spawned worker, so a crash or hang costs"
-        " one cell; none: in this process (debugging) (default: process)",
-    )
-    group.addoption(
-        "--cell-timeout",
-        type=float,
-        metavar="SECONDS",
-        help="deadline of one cell, engine loading excluded; past it the cell is a timeout"
-        " (default: 600 quick, 3600 full)",
-    )
-    group.addoption(
-        "--load-timeout",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="deadline for starting a worker or loading an engine (default: 600)",
-    )
-    group.addoption(
-        "--request-timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="a request not answered within this is a failed request (default: 300)",
-    )
-    group.addoption(
-        "--max-restarts",
-        type=int,
-        default=3,
-        help="worker restarts per engine after crashes/timeouts before its remaining cells"
-        " are failed (default: 3)",
-    )
-    group.addoption(
-        "--worker-memory",
-        metavar="SIZE",
-        help="kill a worker whose processes hold more than SIZE (e.g. 8GiB) and record its"
-        " cell as crashed (default: 90%% of RAM)",
-    )
-    group.addoption(
-        "--resume",
-        metavar="RUN_DIR",
-        help="finish an interrupted or failed run: run only its cells without an ok record",
-    )
-    # Internal: how a controller starts a worker (harness.isolation).
-    group.addoption("--harness-worker", metavar="SPEC", help=argparse.SUPPRESS)
-    group.addoption("--harness-events-fd", type=int, help=argparse.SUPPRESS)
-
-
-def _settings(config: pytest.Config) -> RunSettings:
-    opt = config.getoption
-    try:
-        reliability = parse_reliability(
-            isolation=opt("isolation"),
-            cell_timeout=opt("cell_timeout"),
-            load_timeout=opt("load_timeout"),
-            request_timeout=opt("request_timeout"),
-            max_restarts=opt("max_restarts"),
-            worker_memory=opt("worker_memory"),
-            resume=opt("resume"),
-        )
-        return parse_settings(
-            engines=opt("engine"),
-            device=opt("device"),
-            profile=opt("profile"),
-            results_dir=opt("results_dir"),
-            seed=opt("seed"),
-            model=opt("model"),
-            window=opt("window"),
-            requests=opt("requests"),
-            dims=opt("dim"),
-            engine_options=opt("engine_opt"),
-            slo=opt("slo"),
-            reliability=reliability,
-        )
-    except UsageError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires(**capabilities): engine capabilities a cell needs")
-    settings = _settings(config)
+    settings = settings_from(config)
     config.stash[SETTINGS] = settings
     spec_path = config.getoption("harness_worker")
     if spec_path:
