@@ -26,7 +26,10 @@ def fakes():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--engine=nope"], "unknown engine 'nope'; registered engines: onnxruntime"),
+        (
+            ["--engine=nope"],
+            "unknown engine 'nope'; registered engines: null, null-gen, onnxruntime",
+        ),
         (["--engine=onnxruntime,nope"], "unknown engine 'nope'"),
         (["--profile=slow"], "--profile 'slow' is not a profile; choose one of: quick, full"),
         (["--window=-1"], "--window must be a positive number of seconds, got -1.0"),
@@ -54,7 +57,7 @@ def test_unknown_engine_lists_every_registered_engine(pytester, fakes):
     result = pytester.runpytest("--engine=nope")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["*registered engines: fake-generative, fake-tensor, fake-unavailable, onnxruntime*"]
+        ["*registered engines: fake-generative, fake-tensor, fake-unavailable, null, null-gen*"]
     )
 
 

@@ -1,0 +1,144 @@
+"""Engines that do (almost) nothing, to measure the harness itself.
+
+``null`` is a tensor engine: with ``service_time_s=0`` (the default) it returns at once,
+so what a cell measures is the harness; with a fixed service time it is a server whose
+true latency is known. ``null-gen`` streams ``max_tokens`` one-token chunks, a fixed
+``token_time_s`` apart. Both can stall once (``stall_at=N``, ``stall_s=S``): call or
+request N takes S seconds longer, blocking the caller the way an in-process engine
+holding the interpreter does; that is how coordinated omission is shown to be avoided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from harness.engine import (
+    Arrays,
+    Availability,
+    BatchingMode,
+    Capabilities,
+    Chunk,
+    EngineConfig,
+    Family,
+    GenerationRequest,
+    TensorSpec,
+    reject_unknown_options,
+)
+
+OPTIONS = {
+    "service_time_s": "seconds each call (tensor) takes (default 0: return at once)",
+    "token_time_s": "seconds between streamed tokens (generative; default 0)",
+    "stall_at": "1-based call/request number that stalls (default: none)",
+    "stall_s": "how long the stall lasts, in seconds (default 1)",
+    "features": "input width of the tensor engine's one input x (default 4)",
+}
+
+
+def _seconds(options: Mapping[str, str], key: str, default: float) -> float:
+    try:
+        value = float(options.get(key, default))
+    except ValueError:
+        raise ValueError(f"{key} must be a number of seconds") from None
+    if not (value >= 0 and np.isfinite(value)):
+        raise ValueError(f"{key} must be >= 0 seconds")
+    return value
+
+
+def _wait(seconds: float) -> None:
+    """Blocking wait: sleep the bulk, spin the last stretch (sleep overshoots ~0.1 ms)."""
+    if seconds <= 0:
+        return
+    end = time.perf_counter() + seconds
+    if seconds > 0.002:
+        time.sleep(seconds - 0.001)
+    while time.perf_counter() < end:
+        pass
+
+
+class NullEngine:
+    name: ClassVar[str] = "null"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        family=Family.TENSOR, devices=frozenset({"cpu", "cuda"}), dynamic_shapes=True
+    )
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.validate_options(config.options)
+        self.config = config
+        o = config.options
+        self.service_time = _seconds(o, "service_time_s", 0.0)
+        self.token_time = _seconds(o, "token_time_s", 0.0)
+        self.stall_s = _seconds(o, "stall_s", 1.0)
+        self.stall_at = int(o["stall_at"]) if "stall_at" in o else None
+        self.features = int(o.get("features", "4"))
+        self.calls = 0
+
+    @classmethod
+    def probe(cls, device: str) -> Availability:
+        return Availability(True)
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, str]) -> None:
+        reject_unknown_options(options, OPTIONS)
+        for key in ("service_time_s", "token_time_s", "stall_s"):
+            _seconds(options, key, 0.0)
+        for key in ("stall_at", "features"):
+            if key in options and not (options[key].isdigit() and int(options[key]) >= 1):
+                raise ValueError(f"{key} must be an integer >= 1")
+
+    def load(self) -> None:
+        self.calls = 0
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": self.name,
+            "version": "0",
+            "service_time_s": self.service_time,
+            "token_time_s": self.token_time,
+            "stall": {"at": self.stall_at, "seconds": self.stall_s} if self.stall_at else None,
+        }
+
+    def _next_call(self) -> float:
+        """Counts the call; returns the extra seconds it stalls (0 but once)."""
+        self.calls += 1
+        return self.stall_s if self.calls == self.stall_at else 0.0
+
+    def input_specs(self) -> tuple[TensorSpec, ...]:
+        return (TensorSpec("x", np.dtype(np.float32), (None, self.features)),)
+
+    def output_specs(self) -> tuple[TensorSpec, ...]:
+        return (TensorSpec("y", np.dtype(np.float32), (None, 1)),)
+
+    def warmup(self, inputs: Arrays, iterations: int) -> None:
+        for _ in range(iterations):
+            self.infer(inputs)
+        self.calls = 0  # stall_at counts measured calls only
+
+    def infer(self, inputs: Arrays) -> dict[str, Any]:
+        _wait(self.service_time + self._next_call())
+        rows = next(iter(inputs.values())).shape[0] if inputs else 1
+        return {"y": np.zeros((rows, 1), dtype=np.float32)}
+
+
+class NullGenerativeEngine(NullEngine):
+    name: ClassVar[str] = "null-gen"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        family=Family.GENERATIVE,
+        devices=frozenset({"cpu", "cuda"}),
+        native_batching=frozenset({BatchingMode.CONTINUOUS}),
+        streaming=True,
+    )
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        _wait(self._next_call())  # a stall blocks the event loop: the generator with it
+        for i in range(request.max_tokens):
+            if self.token_time > 0:
+                await asyncio.sleep(self.token_time)
+            yield Chunk(n_tokens=1, token_ids=(i % 100 + 4,), completion_tokens=i + 1)
