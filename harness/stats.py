@@ -1,9 +1,17 @@
-"""Latency statistics: nearest-rank percentiles, error-adjusted forms, sample minimums.
+"""Latency statistics: nearest-rank percentiles, error-adjusted forms, sample minimums,
+and confidence intervals.
 
 Percentiles use the nearest-rank definition: the p-th percentile is the smallest
 sample x such that at least p% of samples are <= x (the ceil(p/100 * n)-th smallest). It never
 interpolates, so every reported value was observed, and it stays defined when failed
 requests enter as infinite latencies (the error-adjusted form).
+
+Confidence intervals for p50 and p99 are distribution-free: the interval between two
+order statistics whose ranks come from the binomial law of "samples below the true
+percentile", so its coverage is at least the stated confidence whatever the latency
+distribution (a bootstrap would understate the uncertainty of a tail percentile). A
+bound that would need a sample beyond the smallest or largest is None: the data
+cannot bound it. Rates get the exact Poisson (Garwood) interval of their count.
 """
 
 from __future__ import annotations
@@ -14,8 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from scipy import stats as sps
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
+CI_PERCENTILES: tuple[float, ...] = (50.0, 99.0)
+CONFIDENCE = 0.95
+
+Interval = tuple[float | None, float | None]
 
 
 def percentile_key(p: float) -> str:
@@ -67,6 +80,7 @@ class Summary:
     max: float | None
     percentiles: dict[str, float]
     adjusted: dict[str, float]
+    ci: dict[str, Interval] | None = None
 
     def __post_init__(self) -> None:
         if self.count < 0 or self.failed < 0:
@@ -95,7 +109,34 @@ def summarize(samples: Sequence[float] | npt.NDArray[np.float64], failed: int = 
             adj[key] = _at_rank(with_failures, p)
     if n == 0:
         return Summary(0, failed, None, None, None, pct, adj)
-    return Summary(n, failed, float(arr.mean()), float(arr.min()), float(arr.max()), pct, adj)
+    ci = {percentile_key(p): quantile_ci(ordered, p) for p in CI_PERCENTILES if p in _shown(pct)}
+    return Summary(n, failed, float(arr.mean()), float(arr.min()), float(arr.max()), pct, adj, ci)
+
+
+def _shown(pct: dict[str, float]) -> set[float]:
+    return {p for p in PERCENTILES if percentile_key(p) in pct}
+
+
+def quantile_ci(
+    ordered: npt.NDArray[np.float64], p: float, confidence: float = CONFIDENCE
+) -> Interval:
+    """Distribution-free interval for the p-th percentile from sorted samples."""
+    n, q, tail = int(ordered.size), p / 100.0, (1.0 - confidence) / 2.0
+    lo_rank = int(sps.binom.ppf(tail, n, q))  # P(fewer than lo_rank below) < tail
+    hi_rank = int(sps.binom.ppf(1.0 - tail, n, q)) + 1
+    lo = float(ordered[lo_rank - 1]) if lo_rank >= 1 else None
+    hi = float(ordered[hi_rank - 1]) if hi_rank <= n else None
+    return lo, hi
+
+
+def rate_ci(count: int, window_s: float, confidence: float = CONFIDENCE) -> Interval:
+    """Exact Poisson interval for ``count`` events in ``window_s`` seconds, per second."""
+    if count < 0 or not window_s > 0:
+        raise ValueError("count must be >= 0 and the window > 0")
+    tail = (1.0 - confidence) / 2.0
+    lo = float(sps.chi2.ppf(tail, 2 * count)) / 2.0 if count else 0.0
+    hi = float(sps.chi2.ppf(1.0 - tail, 2 * count + 2)) / 2.0
+    return lo / window_s, hi / window_s
 
 
 def histogram(values: Sequence[int]) -> dict[str, int]:
@@ -122,6 +163,7 @@ def to_json(summary: Summary) -> dict[str, object]:
         "max": summary.max,
         **summary.percentiles,
         "adjusted": dict(summary.adjusted),
+        "ci95": {k: list(v) for k, v in (summary.ci or {}).items()},
     }
 
 

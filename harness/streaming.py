@@ -193,6 +193,7 @@ class StreamMetrics:
         good = sum(meets(r, self.slos) for r in self.records)
         out["throughput"] = {
             "requests_per_s": len(ok) / self.window_s,
+            "requests_per_s_ci95": list(stats.rate_ci(len(ok), self.window_s)),
             "output_tokens_per_s": n_out / self.window_s,
             "goodput_requests_per_s": good / self.window_s,
         }

@@ -79,3 +79,38 @@ def test_conservative_percentile_falls_back_to_max():
 
 def test_histogram_counts_exactly():
     assert stats.histogram([8, 1, 8, 3, 8]) == {"1": 1, "3": 1, "8": 3}
+
+
+def test_percentile_intervals_bracket_the_estimate_and_cover_the_truth():
+    rng = np.random.default_rng(11)
+    misses = {50.0: 0, 99.0: 0}
+    truth = {50.0: np.log(2.0), 99.0: np.log(100.0)}  # exponential(1) quantiles
+    for _ in range(200):
+        ordered = np.sort(rng.exponential(1.0, size=2000))
+        for p in misses:
+            lo, hi = stats.quantile_ci(ordered, p)
+            assert lo is not None
+            assert hi is not None
+            assert lo <= stats.nearest_rank(ordered, p) <= hi
+            misses[p] += not (lo <= truth[p] <= hi)
+    # at least 95 % coverage, allowing for the 200 trials' own noise
+    assert misses[50.0] <= 20
+    assert misses[99.0] <= 20
+
+
+def test_an_interval_the_data_cannot_bound_says_so():
+    lo, hi = stats.quantile_ci(np.arange(100.0), 99.0)
+    assert lo is not None
+    assert hi is None  # 100 samples cannot bound p99 from above
+    summary = stats.summarize(np.arange(1000.0) / 1000)
+    assert set(summary.ci or {}) == {"p50", "p99"}
+    assert (
+        stats.to_json(summary)["ci95"]["p50"][0] <= 0.5 <= stats.to_json(summary)["ci95"]["p50"][1]
+    )
+
+
+def test_rate_interval_is_the_exact_poisson_one():
+    lo, hi = stats.rate_ci(100, 10.0)
+    assert lo == pytest.approx(8.136, abs=1e-3)
+    assert hi == pytest.approx(12.163, abs=1e-3)
+    assert stats.rate_ci(0, 1.0)[0] == 0.0

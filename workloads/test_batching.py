@@ -137,7 +137,11 @@ def test_batching(
         "infer": stats.to_json(stats.summarize(batch_infer)),
         "item_latency": stats.to_json(stats.summarize(batch_latency / np.maximum(sizes, 1))),
         "lag": stats.to_json(stats.summarize(trace.lag)),
-        "throughput": {"requests_per_s": achieved, "items_per_s": achieved},
+        "throughput": {
+            "requests_per_s": achieved,
+            "requests_per_s_ci95": list(stats.rate_ci(int(ok.sum()), window)) if window > 0 else [],
+            "items_per_s": achieved,
+        },
         "load": {
             "offered_rate": rate,
             "scheduled_requests": int(offsets.size),
