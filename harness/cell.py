@@ -56,6 +56,7 @@ class Cell:
     engine_info: dict[str, Any] = field(default_factory=dict)
     result: CellResult | None = None
     attempt: int = 1
+    telemetry: dict[str, Any] = field(default_factory=dict)
 
     def finish(
         self,
@@ -120,11 +121,13 @@ class Cell:
             samples=res.samples if res and keep else {},
             histograms=res.histograms if res and keep else {},
             headline=res.headline if res else (),
-            validity=_validity_info(res.validity) if res and keep else None,
+            validity=self._validity(res.validity) if res and keep else None,
             attempt=self.attempt,
             stderr_tail=tuple(stderr_tail),
+            telemetry=self.telemetry,
         )
 
-
-def _validity_info(v: Validity) -> ValidityInfo:
-    return ValidityInfo(verdict=v.verdict.value, reasons=v.reasons, warnings=v.warnings)
+    def _validity(self, v: Validity) -> ValidityInfo:
+        """The verdict, with what telemetry saw (a throttled GPU) among its warnings."""
+        seen = tuple(self.telemetry.get("warnings", ()))
+        return ValidityInfo(verdict=v.verdict.value, reasons=v.reasons, warnings=v.warnings + seen)

@@ -35,6 +35,7 @@ from harness.run import (
     resume_run,
     start_run,
 )
+from harness.telemetry import Telemetry
 from harness.worker import EventSink, WorkerSession, WorkerSpec, become_worker
 
 SETTINGS = pytest.StashKey[RunSettings]()
@@ -45,6 +46,7 @@ RESUME = pytest.StashKey[tuple[Path, Manifest, dict[str, Status]]]()
 RESTORE_SIGTERM = pytest.StashKey[Any]()
 SHARED = pytest.StashKey["Shared"]()
 RECORDED = pytest.StashKey[bool]()
+TELEMETRY = pytest.StashKey[Telemetry]()
 
 NO_RESULT = "the workload ended without reporting a result (Cell.finish was never called)"
 
@@ -192,8 +194,11 @@ def engine_name() -> str:
 
 
 @pytest.fixture
-def cell(request: pytest.FixtureRequest, harness_settings: RunSettings, engine_name: str) -> Cell:
-    """This test's matrix cell; skips with the reason when the engine cannot serve it."""
+def cell(
+    request: pytest.FixtureRequest, harness_settings: RunSettings, engine_name: str
+) -> Iterator[Cell]:
+    """This test's matrix cell; skips with the reason when the engine cannot serve it.
+    Resource use is sampled from here until its record is written."""
     item = cast(pytest.Function, request.node)
     state = request.config.stash.get(RUN, None)
     if state is None:
@@ -203,7 +208,13 @@ def cell(request: pytest.FixtureRequest, harness_settings: RunSettings, engine_n
     item.stash[CELL] = new
     _shared(request.config).pool.new_cell()
     _skip_if_unable(item, planned.engine, harness_settings.device)
-    return new
+    sampler = Telemetry()
+    item.stash[TELEMETRY] = sampler
+    sampler.start()
+    try:
+        yield new
+    finally:
+        sampler.stop()  # already stopped when the record was written; idempotent
 
 
 def _skip_if_unable(item: pytest.Function, engine: str, device: str) -> None:
@@ -352,6 +363,9 @@ def _record(
     item: pytest.Item, state: RunState, rep: pytest.TestReport, call: pytest.CallInfo[None]
 ) -> None:
     cell = item.stash.get(CELL, None) or state.new_cell(state.planned[item.nodeid])
+    sampler = item.stash.get(TELEMETRY, None)
+    if sampler is not None:
+        cell.telemetry = sampler.stop()
     if rep.when == "call" and rep.passed and cell.result is None:
         # The pytest outcome must agree with the record: no result is a failed cell.
         rep.outcome = "failed"

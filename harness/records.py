@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from harness.redact import redact
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
 
@@ -102,6 +102,8 @@ class CellRecord(_Frozen):
     """1 for the run's first try at the cell; each ``--resume`` that reruns it adds one."""
     stderr_tail: tuple[str, ...] = ()
     """The last lines the engine's process wrote (crashed and timed-out cells), redacted."""
+    telemetry: dict[str, Any] = {}
+    """Resource use sampled during the cell (harness.telemetry): series and summary."""
 
     _ids = field_validator("run_id", "cell_id")(check_id)
 
@@ -200,8 +202,13 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 2}
 
 
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 added record ``telemetry``; a v2 record sampled none."""
+    return {**data, "schema_version": 3}
+
+
 # schema_version -> function turning a dict of that version into the next version.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def migrate(data: dict[str, Any], source: str) -> dict[str, Any]:

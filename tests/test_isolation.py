@@ -100,6 +100,8 @@ def test_healthy_cells_are_intact(fault_run):
         assert rec.metric("e2e.p50") > 0
         assert rec.metrics["errors"] == {}
         assert rec.stderr_tail == ()
+        assert rec.telemetry["summary"]["rss_max_bytes"] > 0  # sampled in the worker
+        assert "absent" in rec.telemetry["gpu"]  # no NVIDIA GPU here: recorded, not an error
 
 
 def test_crashes_keep_the_workers_last_words(fault_run):
