@@ -151,9 +151,11 @@ class Child:
         except psutil.Error:
             tree = []
         # Children first: a server in a session of its own would outlive its parent.
-        for proc in [*tree, psutil.Process(self.pid)] if self.proc.poll() is None else tree:
+        for proc in tree:
             with contextlib.suppress(psutil.Error):
                 proc.terminate()
+        if self.proc.poll() is None:
+            self.proc.terminate()
         _, alive = psutil.wait_procs(tree, timeout=KILL_GRACE_S)
         for proc in alive:
             with contextlib.suppress(psutil.Error):

@@ -29,9 +29,8 @@ def kind(message: str) -> str:
 
 def tally(counts: Mapping[str, int] | Iterable[str], limit: int = LIMIT) -> dict[str, int]:
     """Counts per error kind, most frequent first (ties by text), at most ``limit`` + 1."""
-    raw = Counter(counts) if not isinstance(counts, Mapping) else Counter(dict(counts))
     kinds: Counter[str] = Counter()
-    for message, n in raw.items():
+    for message, n in Counter(counts).items():  # a mapping's values are its counts
         kinds[kind(message)] += n
     ranked = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))
     out = dict(ranked[:limit])

@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -63,7 +63,9 @@ class Group:
     items: tuple[pytest.Item, ...]
 
 
-def groups(items: Sequence[pytest.Item], engine_of: Any) -> Iterator[Group]:
+def groups(
+    items: Sequence[pytest.Item], engine_of: Callable[[pytest.Item], str | None]
+) -> Iterator[Group]:
     """Consecutive items of the same engine form one group (items come sorted by engine)."""
     run: list[pytest.Item] = []
     current: str | None = None
@@ -100,7 +102,6 @@ class InFlight:
     item: pytest.Item
     started: float
     recorded: bool = False
-    reports: list[pytest.TestReport] = field(default_factory=list)
 
 
 class Supervisor:
@@ -111,7 +112,9 @@ class Supervisor:
         session: pytest.Session,
         recorder: Recorder,
         limits: Reliability,
-        spec: WorkerSpec,
+        *,
+        run_dir: Path,
+        attempt: int,
         cell_timeout_s: float,
     ) -> None:
         self.session = session
@@ -119,8 +122,8 @@ class Supervisor:
         self.recorder = recorder
         self.limits = limits
         self.cell_timeout_s = cell_timeout_s
-        self.run_dir = spec.run_dir
-        self.attempt_no = spec.attempt
+        self.run_dir = run_dir
+        self.attempt_no = attempt
         self.memory_limit = limits.worker_memory_bytes or int(
             psutil.virtual_memory().total * MEMORY_SHARE
         )
@@ -199,9 +202,7 @@ class Supervisor:
             logs.mkdir(exist_ok=True)
         stem = f"attempt{self.attempt_no}-worker{self.spawned}-{engine}"
         spec_path = self.scratch / f"{stem}.spec.json"
-        WorkerSpec(self.run_dir, tuple(i.nodeid for i in items), self.attempt_no, engine).dump(
-            spec_path
-        )
+        WorkerSpec(self.run_dir, tuple(i.nodeid for i in items), self.attempt_no).dump(spec_path)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         return spawn(
             self._argv(spec_path),
@@ -399,8 +400,6 @@ class Watch:
         report = config.hook.pytest_report_from_serializable(config=config, data=data["data"])
         if isinstance(report.longrepr, list):  # JSON has no tuples; a skip's (path, line, why)
             report.longrepr = tuple(report.longrepr)
-        if self.flight is not None:
-            self.flight.reports.append(report)
         config.hook.pytest_runtest_logreport(report=report)
 
     def _on_record(self, data: dict[str, Any]) -> None:

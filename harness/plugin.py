@@ -413,8 +413,14 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return None
     if session.testsfailed and not config.option.continue_on_collection_errors:
         raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
-    spec = WorkerSpec(state.run_dir, (), state.attempt, "")
-    supervisor = Supervisor(session, state, settings.reliability, spec, settings.cell_timeout_s)
+    supervisor = Supervisor(
+        session,
+        state,
+        settings.reliability,
+        run_dir=state.run_dir,
+        attempt=state.attempt,
+        cell_timeout_s=settings.cell_timeout_s,
+    )
     try:
         for group in groups(session.items, engine_of):
             if session.shouldstop or session.shouldfail or state.fatal_error:

@@ -111,10 +111,7 @@ class RunState:
     def lost(
         self, item: pytest.Item, status: Status, reasons: list[str], tail: Sequence[str]
     ) -> bool:
-        planned = self.planned[item.nodeid]
-        if store.cell_path(self.run_dir, planned.cell_id, self.attempt).exists():
-            return False
-        cell = self.new_cell(planned)
+        cell = self.new_cell(self.planned[item.nodeid])
         try:
             self.write(cell, status, reasons, stderr_tail=tail)
         except store.RecordExists:

@@ -109,12 +109,12 @@ def summarize(samples: Sequence[float] | npt.NDArray[np.float64], failed: int = 
             adj[key] = _at_rank(with_failures, p)
     if n == 0:
         return Summary(0, failed, None, None, None, pct, adj)
-    ci = {percentile_key(p): quantile_ci(ordered, p) for p in CI_PERCENTILES if p in _shown(pct)}
+    ci = {
+        key: quantile_ci(ordered, p)
+        for p in CI_PERCENTILES
+        if (key := percentile_key(p)) in pct  # only for percentiles with enough samples
+    }
     return Summary(n, failed, float(arr.mean()), float(arr.min()), float(arr.max()), pct, adj, ci)
-
-
-def _shown(pct: dict[str, float]) -> set[float]:
-    return {p for p in PERCENTILES if percentile_key(p) in pct}
 
 
 def quantile_ci(

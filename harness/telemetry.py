@@ -14,6 +14,7 @@ well under 0.1 % of one core, on the cores the load generator also uses.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -97,6 +98,12 @@ class Nvml:
         return out
 
 
+@functools.cache
+def shared_nvml() -> Nvml:
+    """One NVML session per process: probing the driver once, not at every cell."""
+    return Nvml()
+
+
 @dataclass
 class Series:
     t: list[float] = field(default_factory=list)
@@ -117,7 +124,7 @@ class Telemetry:
             raise ValueError("interval_s must be > 0")
         self.interval_s = interval_s
         self.clock = clock
-        self.nvml = nvml if nvml is not None else Nvml()
+        self.nvml = nvml if nvml is not None else shared_nvml()
         self.series = Series()
         self._root = psutil.Process(os.getpid())
         self._stop = threading.Event()

@@ -31,21 +31,19 @@ class WorkerSpec:
     run_dir: Path
     nodeids: tuple[str, ...]
     attempt: int
-    group: str
 
     def dump(self, path: Path) -> None:
         data = {
             "run_dir": str(self.run_dir),
             "nodeids": list(self.nodeids),
             "attempt": self.attempt,
-            "group": self.group,
         }
         path.write_text(json.dumps(data))
 
     @classmethod
     def load(cls, path: Path) -> WorkerSpec:
         data = json.loads(path.read_text())
-        return cls(Path(data["run_dir"]), tuple(data["nodeids"]), data["attempt"], data["group"])
+        return cls(Path(data["run_dir"]), tuple(data["nodeids"]), data["attempt"])
 
 
 class EventSink:
