@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -140,6 +140,21 @@ class ServeTrace:
     flushed_batches: int = 0
     lag: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    batch_spans: list[dict[str, float]] = field(default_factory=list)
+    batch_of: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def request_spans(self) -> dict[str, npt.NDArray[np.float64]]:
+        """Per request: ``queue`` (due to dispatch), its batch's stages, and ``other``
+        (the rest of its service time: collation the stages missed, harness overhead)."""
+        names = sorted({k for spans in self.batch_spans for k in spans})
+        per_batch = {k: np.array([b.get(k, np.nan) for b in self.batch_spans]) for k in names}
+        out = {"queue": self.t_send - self.t_sched}
+        staged = np.zeros(self.t_sched.size)
+        for k in names:
+            out[k] = per_batch[k][self.batch_of] if self.batch_spans else np.full(0, np.nan)
+            staged = staged + np.nan_to_num(out[k])
+        out["other"] = (self.t_done - self.t_send) - staged
+        return out
 
     @property
     def window(self) -> float:
@@ -147,8 +162,9 @@ class ServeTrace:
         return float(self.t_done.max() - self.t_sched.min()) if self.t_sched.size else 0.0
 
 
-RunBatch = Callable[[Sequence[int]], float]
-"""Runs the requests with these indices as one batch; returns the engine's infer seconds."""
+RunBatch = Callable[[Sequence[int]], float | Mapping[str, float]]
+"""Runs the requests with these indices as one batch; returns the engine's infer seconds,
+or the batch's stage spans (``preprocess``, ``infer``, ``postprocess``) in seconds."""
 
 
 def serve_open_loop(
@@ -191,6 +207,7 @@ def _serve(
         t_send=np.full(n, np.nan),
         t_done=np.full(n, np.nan),
         failed=np.zeros(n, dtype=np.bool_),
+        batch_of=np.full(n, -1, dtype=np.int64),
     )
     queue: deque[int] = deque()
     nxt = 0
@@ -223,8 +240,11 @@ def _next_wake(decision: Wait, t_sched: npt.NDArray[np.float64], nxt: int) -> fl
 
 def _run_one_batch(batch: list[int], run_batch: RunBatch, clock: Clock, trace: ServeTrace) -> None:
     t_send = clock.now()
+    spans: Mapping[str, float] = {}
     try:
-        infer = run_batch(batch)
+        result = run_batch(batch)
+        spans = {"infer": result} if isinstance(result, float | int) else result
+        infer = float(spans.get("infer", float("nan")))
     except Exception as exc:  # a failed batch fails its requests; the run goes on
         if is_fatal(exc):
             raise  # the engine is gone: measuring on would only count its corpse
@@ -235,6 +255,8 @@ def _run_one_batch(batch: list[int], run_batch: RunBatch, clock: Clock, trace: S
     t_done = clock.now()
     trace.t_send[batch] = t_send
     trace.t_done[batch] = t_done
+    trace.batch_of[batch] = len(trace.batch_sizes)
+    trace.batch_spans.append(dict(spans))
     trace.batch_sizes.append(len(batch))
     trace.batch_latency.append(t_done - t_send)
     trace.batch_infer.append(infer)

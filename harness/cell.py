@@ -20,7 +20,9 @@ from harness.records import (
     ValidityInfo,
     format_param,
 )
+from harness.slowlog import SlowLog, with_telemetry
 from harness.store import utcnow
+from harness.telemetry import Telemetry
 from harness.validity import Evidence, Policy, Validity, judge
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]+")
@@ -40,6 +42,7 @@ class CellResult:
     window: dict[str, float | int]
     seeds: dict[str, int]
     validity: Validity
+    slow: SlowLog | None = None
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Cell:
     result: CellResult | None = None
     attempt: int = 1
     telemetry: dict[str, Any] = field(default_factory=dict)
+    sampler: Telemetry | None = None
 
     def finish(
         self,
@@ -68,11 +72,20 @@ class Cell:
         histograms: dict[str, dict[str, int]] | None = None,
         window: dict[str, float | int] | None = None,
         seeds: dict[str, int] | None = None,
+        slow: SlowLog | None = None,
     ) -> Validity:
         """Store the measured result; the validity verdict is decided here, once."""
         if self.result is not None:
             raise RuntimeError(f"cell {self.cell_id} already finished")
         validity = judge(evidence, self.policy)
+        if slow is not None:
+            metrics = metrics | {
+                "slow_requests": {
+                    "threshold_s": slow.threshold_s,
+                    "count": slow.total,
+                    "kept": len(slow.requests),
+                }
+            }
         self.result = CellResult(
             metrics=metrics,
             samples=samples or {},
@@ -81,6 +94,7 @@ class Cell:
             window=window or {},
             seeds=seeds or {},
             validity=validity,
+            slow=slow,
         )
         return validity
 
@@ -125,7 +139,14 @@ class Cell:
             attempt=self.attempt,
             stderr_tail=tuple(stderr_tail),
             telemetry=self.telemetry,
+            slow_requests=self._slow() if keep else (),
         )
+
+    def _slow(self) -> tuple[dict[str, Any], ...]:
+        if self.result is None or self.result.slow is None:
+            return ()
+        origin = self.sampler.origin if self.sampler is not None else None
+        return with_telemetry(self.result.slow, self.telemetry, origin)
 
     def _validity(self, v: Validity) -> ValidityInfo:
         """The verdict, with what telemetry saw (a throttled GPU) among its warnings."""

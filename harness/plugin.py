@@ -210,6 +210,7 @@ def cell(
     _skip_if_unable(item, planned.engine, harness_settings.device)
     sampler = Telemetry()
     item.stash[TELEMETRY] = sampler
+    new.sampler = sampler
     sampler.start()
     try:
         yield new

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from harness.redact import redact
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
 
@@ -69,6 +69,8 @@ class Headline(_Frozen):
     metric: str
     unit: str
     scale: float = 1.0
+    ci: str | None = None
+    """Dotted path to the figure's 95% confidence interval, a ``[low, high]`` pair."""
 
 
 class ValidityInfo(_Frozen):
@@ -104,10 +106,13 @@ class CellRecord(_Frozen):
     """The last lines the engine's process wrote (crashed and timed-out cells), redacted."""
     telemetry: dict[str, Any] = {}
     """Resource use sampled during the cell (harness.telemetry): series and summary."""
+    slow_requests: tuple[dict[str, Any], ...] = ()
+    """Requests slower than twice the cell's p99 or over an SLO, with their stage spans,
+    generator lag and the telemetry sample around them (harness.slowlog)."""
 
     _ids = field_validator("run_id", "cell_id")(check_id)
 
-    @field_validator("metrics", mode="before")
+    @field_validator("metrics", "slow_requests", mode="before")
     @classmethod
     def _revive_nonfinite(cls, value: Any) -> Any:
         return _revive(value)
@@ -207,8 +212,17 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 3}
 
 
+def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """v4 added record ``slow_requests`` and headline ``ci``; v3 kept neither."""
+    return {**data, "schema_version": 4}
+
+
 # schema_version -> function turning a dict of that version into the next version.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: _v1_to_v2,
+    2: _v2_to_v3,
+    3: _v3_to_v4,
+}
 
 
 def migrate(data: dict[str, Any], source: str) -> dict[str, Any]:

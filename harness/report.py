@@ -105,6 +105,30 @@ def headline_values(record: CellRecord) -> list[tuple[str, str, float | None]]:
     return out
 
 
+Bounds = tuple[float | None, float | None]
+
+
+def headline_cis(record: CellRecord) -> list[Bounds | None]:
+    """Each headline figure's scaled 95% interval (None: it has none; a None bound: the
+    data could not bound that side)."""
+    out: list[Bounds | None] = []
+    for h in record.headline:
+        pair = record.metric(h.ci) if h.ci else None
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            out.append(None)
+            continue
+        lo, hi = (_as_float(v) for v in pair)
+        out.append((None if lo is None else lo * h.scale, None if hi is None else hi * h.scale))
+    return out
+
+
+def ci_text(bounds: Bounds | None) -> str:
+    if bounds is None:
+        return ""
+    lo, hi = ("?" if v is None else fmt_number(v) for v in bounds)
+    return f" [{lo}, {hi}]"
+
+
 def _escape_md(text: str) -> str:
     """Engine-provided text (error messages, names) rendered inert: no HTML, no table
     breaks, no Markdown links or emphasis."""
@@ -132,8 +156,8 @@ def entry_text(entry: Entry | None) -> str:
         why = "; ".join(rec.reasons)
         return f"{rec.status.value.upper()}: {why}" if why else rec.status.value.upper()
     parts = []
-    for label, unit, value in headline_values(rec):
-        shown = "n/a" if value is None else f"{fmt_number(value)} {unit}"
+    for (label, unit, value), ci in zip(headline_values(rec), headline_cis(rec), strict=True):
+        shown = "n/a" if value is None else f"{fmt_number(value)}{ci_text(ci)} {unit}"
         parts.append(f"{label} {shown}".strip())
     warn = " (!)" if rec.validity and rec.validity.warnings else ""
     return " · ".join(parts) + warn
@@ -187,6 +211,9 @@ def to_csv(matrix: Matrix) -> str:
             if entry.record:
                 for h in entry.record.headline:
                     labels[f"{h.label} [{h.unit}]"] = None
+                    if h.ci:
+                        labels[f"{h.label} ci95 low [{h.unit}]"] = None
+                        labels[f"{h.label} ci95 high [{h.unit}]"] = None
     header = ["workload", *names]
     for engine in matrix.engines:
         header += [f"{engine}:status", f"{engine}:reasons", *(f"{engine}:{lbl}" for lbl in labels)]
@@ -208,10 +235,17 @@ def _csv_entry(entry: Entry | None, labels: list[str]) -> list[str]:
     rec = entry.record
     values = {lbl: "" for lbl in labels}
     if rec is not None and rec.status is Status.OK:
-        for label, unit, value in headline_values(rec):
-            values[f"{label} [{unit}]"] = "" if value is None else repr(round(value, 9))
+        for (label, unit, value), ci in zip(headline_values(rec), headline_cis(rec), strict=True):
+            values[f"{label} [{unit}]"] = _csv_number(value)
+            if ci is not None:
+                values[f"{label} ci95 low [{unit}]"] = _csv_number(ci[0])
+                values[f"{label} ci95 high [{unit}]"] = _csv_number(ci[1])
     reasons = "; ".join(rec.reasons) if rec else "no record"
     return [entry.status, reasons, *values.values()]
+
+
+def _csv_number(value: float | None) -> str:
+    return "" if value is None else repr(round(value, 9))
 
 
 def write(run_dir: Path) -> tuple[Path, Path]:

@@ -164,6 +164,12 @@ def to_json(summary: Summary) -> dict[str, object]:
         **summary.percentiles,
         "adjusted": dict(summary.adjusted),
         "ci95": {k: list(v) for k, v in (summary.ci or {}).items()},
+        # percentiles left out, with the sample count each would need
+        "needs_samples": {
+            percentile_key(p): min_samples_for(p)
+            for p in PERCENTILES
+            if percentile_key(p) not in summary.percentiles
+        },
     }
 
 

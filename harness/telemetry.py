@@ -117,7 +117,7 @@ class Telemetry:
     def __init__(
         self,
         interval_s: float = INTERVAL_S,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.perf_counter,
         nvml: Nvml | None = None,
     ) -> None:
         if not interval_s > 0:
@@ -131,6 +131,17 @@ class Telemetry:
         self._thread = threading.Thread(target=self._run, name="harness-telemetry", daemon=True)
         self._t0 = 0.0
         self._result: dict[str, Any] | None = None
+
+    @property
+    def origin(self) -> float:
+        """The clock reading the series' ``t`` counts from: perf_counter, like MonotonicClock,
+        so a workload can place its requests on the telemetry timeline."""
+        return self._t0
+
+    def rss_series(self) -> tuple[list[float], list[float]]:
+        """``(t, rss_bytes)`` sampled so far, for a workload that reports drift itself."""
+        n = min(len(self.series.t), len(self.series.host))
+        return list(self.series.t[:n]), [h["rss_bytes"] for h in self.series.host[:n]]
 
     def start(self) -> None:
         psutil.cpu_percent(interval=None)  # the first call only sets psutil's reference

@@ -54,6 +54,8 @@ class Evidence:
     achieved_rate: float | None = None
     negative_durations: int = 0
     notes: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    """Workload-specific reasons the cell cannot be reported (a search found nothing)."""
 
     def __post_init__(self) -> None:
         if self.samples < 0 or self.failed < 0:
@@ -96,6 +98,7 @@ def judge(ev: Evidence, policy: Policy) -> Validity:
         )
     if ev.negative_durations:
         reasons.append(f"clock sanity: {ev.negative_durations} negative durations")
+    reasons.extend(ev.problems)
     warnings.extend(_saturation(ev, policy))
     verdict = Verdict.INVALID if reasons else Verdict.VALID
     return Validity(verdict, tuple(reasons), tuple(warnings))

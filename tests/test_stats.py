@@ -114,3 +114,12 @@ def test_rate_interval_is_the_exact_poisson_one():
     assert lo == pytest.approx(8.136, abs=1e-3)
     assert hi == pytest.approx(12.163, abs=1e-3)
     assert stats.rate_ci(0, 1.0)[0] == 0.0
+
+
+def test_left_out_percentiles_say_how_many_samples_they_need():
+    doc = stats.to_json(stats.summarize(np.linspace(0.001, 0.1, 150)))
+    assert "p99" in doc
+    assert "p99.9" not in doc
+    assert doc["needs_samples"] == {"p99.9": 1000}
+    small = stats.to_json(stats.summarize([0.1] * 20))
+    assert small["needs_samples"] == {"p99": 100, "p99.9": 1000}  # p95 needs exactly 20

@@ -8,12 +8,13 @@ at ``batch`` requests or after ``delay_ms``, whichever comes first.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pytest
 
-from harness import errors, stats
+from harness import stats
 from harness.batching import (
     BatchPolicy,
     DynamicBatching,
@@ -24,11 +25,11 @@ from harness.batching import (
 from harness.cell import Cell
 from harness.clock import MonotonicClock
 from harness.config import ProfileName, RunSettings
-from harness.engine import EngineError, TensorEngine
+from harness.engine import EngineError
 from harness.loadgen import OpenLoop
 from harness.plugin import OpenEngine, settings_of
 from harness.records import Headline
-from harness.validity import Evidence
+from harness.servestats import e2e_slos, summarize_trace
 from workloads import inputs
 from workloads.models import open_model
 
@@ -75,8 +76,7 @@ def make_policy(mode: str, batch: int, delay_ms: float | None) -> BatchPolicy:
     raise ValueError(f"unknown batching mode {mode!r} (delay_ms={delay_ms})")
 
 
-def _checked_infer(engine: TensorEngine, batch: dict[str, Any], size: int) -> None:
-    outputs = engine.infer(batch)
+def _check_outputs(outputs: Mapping[str, Any], size: int) -> None:
     for name, out in outputs.items():
         if out.shape[0] != size:
             raise EngineError(f"output {name} has batch dim {out.shape[0]}, expected {size}")
@@ -103,45 +103,32 @@ def test_batching(
 
     clock = MonotonicClock()
 
-    def run_batch(indices: Any) -> float:
-        batch_in = inputs.collate([pool[i % DISTINCT_INPUTS] for i in indices])
+    def run_batch(indices: Any) -> dict[str, float]:
         t0 = clock.now()
-        _checked_infer(engine, batch_in, len(indices))
-        return clock.now() - t0
+        batch_in = inputs.collate([pool[i % DISTINCT_INPUTS] for i in indices])
+        t1 = clock.now()
+        outputs = engine.infer(batch_in)
+        t2 = clock.now()
+        _check_outputs(outputs, len(indices))
+        return {"preprocess": t1 - t0, "infer": t2 - t1, "postprocess": clock.now() - t2}
 
     load = OpenLoop(rate=rate, duration=harness_settings.profile.window_s)
     offsets = load.schedule(seed)
     timeout = harness_settings.reliability.request_timeout_s
     trace = serve_open_loop(offsets, policy, run_batch, clock, timeout)
-
-    ok = ~trace.failed
-    e2e = (trace.t_done - trace.t_sched)[ok]
-    queue = (trace.t_send - trace.t_sched)[ok]
-    service = (trace.t_done - trace.t_send)[ok]
-    n_failed = int(trace.failed.sum())
-    window = trace.window
-    achieved = float(ok.sum()) / window if window > 0 else 0.0
     # The seeded Poisson schedule realizes a rate near, not at, the nominal one; the
     # system is judged against the load it was actually offered.
     offered = offsets.size / load.duration
+    summary = summarize_trace(trace, offered, e2e_slos(harness_settings.slos))
     batch_latency = np.asarray(trace.batch_latency)
     batch_infer = np.asarray(trace.batch_infer)
     batch_infer = batch_infer[np.isfinite(batch_infer)]  # failed batches have no infer time
     sizes = np.asarray(trace.batch_sizes)
-    metrics = {
-        "e2e": stats.to_json(stats.summarize(e2e, n_failed)),
-        "queue": stats.to_json(stats.summarize(queue)),
-        "service": stats.to_json(stats.summarize(service)),
+    metrics = summary.metrics | {
         # per batch: `latency` from dispatch to done (collate + infer), `infer` the engine alone
         "latency": stats.to_json(stats.summarize(batch_latency)),
         "infer": stats.to_json(stats.summarize(batch_infer)),
         "item_latency": stats.to_json(stats.summarize(batch_latency / np.maximum(sizes, 1))),
-        "lag": stats.to_json(stats.summarize(trace.lag)),
-        "throughput": {
-            "requests_per_s": achieved,
-            "requests_per_s_ci95": list(stats.rate_ci(int(ok.sum()), window)) if window > 0 else [],
-            "items_per_s": achieved,
-        },
         "load": {
             "offered_rate": rate,
             "scheduled_requests": int(offsets.size),
@@ -152,41 +139,30 @@ def test_batching(
             "mean_size": float(sizes.mean()) if sizes.size else 0.0,
             "flushed_partial": trace.flushed_batches,
         },
-        "errors": errors.tally(trace.errors),
     }
-    evidence = Evidence(
-        samples=int(ok.sum()),
-        failed=n_failed,
-        window_s=window,
-        lag_p99_s=stats.conservative(trace.lag, 99.0),
-        offered_rate=offered,
-        achieved_rate=achieved,
-        negative_durations=int(np.sum(queue < 0) + np.sum(service < 0)),
-    )
     cell.finish(
         metrics=metrics,
-        evidence=evidence,
+        evidence=summary.evidence,
         headline=[
-            Headline(label="p50", metric="e2e.p50", unit="ms", scale=1e3),
-            Headline(label="p99", metric="e2e.p99", unit="ms", scale=1e3),
+            Headline(label="p50", metric="e2e.p50", unit="ms", scale=1e3, ci="e2e.ci95.p50"),
+            Headline(label="p99", metric="e2e.p99", unit="ms", scale=1e3, ci="e2e.ci95.p99"),
             Headline(label="queue p50", metric="queue.p50", unit="ms", scale=1e3),
             Headline(label="tput", metric="throughput.requests_per_s", unit="req/s"),
             Headline(label="batch", metric="batches.mean_size", unit="avg"),
         ],
-        samples={
-            "e2e": stats.as_samples(e2e),
-            "queue": stats.as_samples(queue),
+        samples=summary.samples
+        | {
             "batch_latency": stats.as_samples(batch_latency),
             "batch_infer": stats.as_samples(batch_infer),
-            "lag": stats.as_samples(trace.lag),
         },
         histograms={"batch_size": stats.histogram(trace.batch_sizes)},
         window={
-            "duration_s": window,
+            "duration_s": trace.window,
             "requests": int(offsets.size),
             "warmup_iterations": harness_settings.profile.warmup_iterations,
         },
         seeds={"arrivals": seed, "inputs": seed, "model": seed},
+        slow=summary.slow,
     )
     assert trace.batch_sizes, "no batch ran"
     assert max(trace.batch_sizes) <= policy.max_batch
