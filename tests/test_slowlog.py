@@ -23,7 +23,11 @@ def _serve(stall_at: int, stall_s: float, n: int = 300, rate: float = 200.0):
     engine = NullEngine(
         EngineConfig(
             model=Path("-"),
-            options={"service_time_s": "0.0002", "stall_at": str(stall_at), "stall_s": str(stall_s)},
+            options={
+                "service_time_s": "0.0002",
+                "stall_at": str(stall_at),
+                "stall_s": str(stall_s),
+            },
         )
     )
     engine.load()
