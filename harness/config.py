@@ -42,10 +42,18 @@ class Profile:
     warmup_iterations: int
     policy: Policy
     cell_timeout_s: float
+    soak_s: float = 12.0
+    soak_windows: int = 4
+    search_points: int = 8
+    search_tolerance: float = 0.15
+    repeats: int = 2
+    """How often a capacity point is measured in all (the spread across repetitions)."""
 
     def __post_init__(self) -> None:
         if not self.window_s > 0 or self.requests < 1 or self.warmup_iterations < 0:
             raise ValueError("profile windows must be positive")
+        if self.soak_windows < 2 or not self.soak_s > 0 or self.repeats < 1:
+            raise ValueError("a soak needs >= 2 windows and a capacity >= 1 measurement")
 
 
 PROFILES: dict[ProfileName, Profile] = {
@@ -69,6 +77,11 @@ PROFILES: dict[ProfileName, Profile] = {
         policy=Policy(min_window_s=30.0, min_samples=1000, max_lag_p99_s=0.002),
         # 1500 streamed requests one at a time on a CPU take tens of minutes
         cell_timeout_s=3600.0,
+        soak_s=600.0,
+        soak_windows=10,
+        search_points=14,
+        search_tolerance=0.05,
+        repeats=3,
     ),
 }
 

@@ -94,19 +94,30 @@ class Driver:
         )
 
     async def closed_loop(
-        self, requests: Sequence[GenerationRequest], concurrency: int
+        self,
+        requests: Sequence[GenerationRequest],
+        concurrency: int,
+        min_duration_s: float | None = None,
     ) -> list[RequestRecord]:
+        """Every request in order, ``concurrency`` at a time; with ``min_duration_s``,
+        users stop taking new requests once that long has passed (``requests`` then
+        only bounds the count: the rest are never sent)."""
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         pending = iter(range(len(requests)))
         out: list[RequestRecord | None] = [None] * len(requests)
+        stop_at: float | None = None
 
         async def user() -> None:
             for i in pending:  # shared iterator: each index goes to exactly one user
                 # closed loop: a request is due the moment its user is free
                 out[i] = await self.one(requests[i], self.clock.now())
+                if stop_at is not None and self.clock.now() >= stop_at:
+                    return
 
-        with gc_paused():
+        with gc_paused():  # the window starts after the collection, not before
+            if min_duration_s is not None:
+                stop_at = self.clock.now() + min_duration_s
             await asyncio.gather(*(user() for _ in range(concurrency)))
         return [r for r in out if r is not None]
 

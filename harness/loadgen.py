@@ -173,3 +173,7 @@ class ShapedLoad:
         )
         times: Offsets = np.interp(unit, self.shape.cumulative(grid), grid)
         return times[times < self.duration]
+
+
+Schedule = OpenLoop | ShapedLoad
+"""Any open-loop schedule: ``.schedule(seed)`` offsets and a ``.duration``."""

@@ -103,3 +103,13 @@ def test_multi_token_chunks_keep_exact_counts():
     )
     assert [r.chunk_tokens for r in out] == [(0, 3, 3, 1)] * 2
     assert all(len(r.itl()) == 4 for r in out)  # 7 tokens, the first chunk's 3 are TTFT
+
+
+def test_closed_loop_with_a_minimum_duration_stops_taking_requests_after_it():
+    engine = FakeStreamingEngine(step=0.01)
+    out = asyncio.run(Driver(engine, MonotonicClock(), 5.0).closed_loop(reqs(200), 2, 0.1))
+    # 4 tokens at 10 ms: ~40 ms a request, 2 users: ~3 rounds before 0.1 s, then stop
+    assert 4 <= len(out) <= 10
+    span = max(r.t_end for r in out) - min(r.t_sched for r in out)
+    assert 0.1 <= span < 0.3
+    assert all(r.ok for r in out)

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness import stats
 from harness.cell import Cell
 from harness.config import RunSettings
 from harness.engine import (
@@ -21,8 +20,8 @@ from harness.engine import (
 )
 from harness.plugin import OpenEngine
 from harness.records import Headline
-from harness.streaming import RequestRecord, StreamMetrics
-from harness.validity import Evidence
+from harness.streaming import RequestRecord
+from harness.streamstats import summarize_stream
 from workloads.inputs import lengths
 
 FIRST_ID = 4  # ids below are the tokenizer's special tokens (<s>, </s>, <unk>, <pad>)
@@ -80,10 +79,10 @@ def open_generative(
 
 
 HEADLINE = (
-    Headline(label="TTFT p50", metric="ttft.p50", unit="ms", scale=1e3),
-    Headline(label="p99", metric="ttft.p99", unit="ms", scale=1e3),
+    Headline(label="TTFT p50", metric="ttft.p50", unit="ms", scale=1e3, ci="ttft.ci95.p50"),
+    Headline(label="p99", metric="ttft.p99", unit="ms", scale=1e3, ci="ttft.ci95.p99"),
     Headline(label="TPOT p50", metric="tpot.p50", unit="ms", scale=1e3),
-    Headline(label="E2E p99", metric="e2e.p99", unit="ms", scale=1e3),
+    Headline(label="E2E p99", metric="e2e.p99", unit="ms", scale=1e3, ci="e2e.ci95.p99"),
     Headline(label="out", metric="throughput.output_tokens_per_s", unit="tok/s"),
     Headline(label="goodput", metric="throughput.goodput_requests_per_s", unit="req/s"),
 )
@@ -122,25 +121,14 @@ def finish(
     seed: int,
     extra: dict[str, Any] | None = None,
 ) -> None:
-    """Summarize the requests into the cell's metrics, evidence and samples."""
-    m = StreamMetrics(records, settings.slos)
-    lag = [r.lag for r in records]
-    metrics = m.to_json() | {"lag": stats.to_json(stats.summarize(lag))} | (extra or {})
-    achieved = len(m.ok) / m.window_s if m.window_s > 0 else 0.0
-    samples = {k: stats.as_samples(v) for k, v in m.samples().items() if k != "icl"}
-    samples["lag"] = stats.as_samples(lag)
+    """Summarize the requests into the cell's metrics, evidence, samples and slow log."""
+    summary = summarize_stream(records, settings.slos, offered_rate)
     cell.finish(
-        metrics=metrics,
-        evidence=Evidence(
-            samples=len(m.ok),
-            failed=m.failed,
-            window_s=m.window_s,
-            lag_p99_s=stats.conservative(lag, 99.0) if offered_rate else None,
-            offered_rate=offered_rate,
-            achieved_rate=achieved if offered_rate else None,
-        ),
+        metrics=summary.metrics | (extra or {}),
+        evidence=summary.evidence,
         headline=HEADLINE,
-        samples=samples,
-        window={"duration_s": m.window_s, "requests": len(records)},
+        samples=summary.samples,
+        window={"duration_s": summary.evidence.window_s, "requests": len(records)},
         seeds={"requests": seed, "model": settings.seed},
+        slow=summary.slow,
     )

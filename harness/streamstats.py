@@ -1,0 +1,83 @@
+"""From streamed request records (generative engines) to a cell's metrics, evidence,
+samples and slow-request log; the streaming counterpart of ``harness.servestats``.
+
+Per request, the stages are ``queue`` (due to sent: the generator's lag in open loop),
+``first_token`` (sent to first token: admission, prefill, and the network for an HTTP
+engine) and ``decode`` (first to last token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from harness import slowlog, stats
+from harness.streaming import SLO, RequestRecord, StreamMetrics
+from harness.validity import Evidence
+
+Array = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class StreamSummary:
+    metrics: dict[str, Any]
+    evidence: Evidence
+    samples: dict[str, list[float]]
+    slow: slowlog.SlowLog | None
+
+
+def spans(ok: Sequence[RequestRecord]) -> dict[str, Array]:
+    return {
+        "queue": np.array([r.t_send - r.t_sched for r in ok]),
+        "first_token": np.array([r.t_first - r.t_send for r in ok]),
+        "decode": np.array([r.t_last - r.t_first for r in ok]),
+    }
+
+
+def summarize_stream(
+    records: Sequence[RequestRecord], slos: Sequence[SLO], offered_rate: float | None
+) -> StreamSummary:
+    """``offered_rate`` None: closed loop (no schedule, so no lag bound and no saturation)."""
+    m = StreamMetrics(records, slos)
+    lag = [r.lag for r in records]
+    ok = m.ok
+    stage = spans(ok)
+    e2e = np.array([r.t_last - r.t_sched for r in ok])
+    mean_e2e = float(e2e.mean()) if e2e.size else 0.0
+    account = {
+        k: {
+            "mean_s": float(v.mean()) if v.size else 0.0,
+            "share": float(v.mean()) / mean_e2e if v.size and mean_e2e > 0 else None,
+        }
+        for k, v in stage.items()
+    }
+    metrics = m.to_json() | {
+        "lag": stats.to_json(stats.summarize(lag)),
+        "stages": {k: stats.to_json(stats.summarize(v)) for k, v in stage.items()},
+        "time_account": account,
+    }
+    achieved = len(ok) / m.window_s if m.window_s > 0 else 0.0
+    evidence = Evidence(
+        samples=len(ok),
+        failed=m.failed,
+        window_s=m.window_s,
+        lag_p99_s=stats.conservative(lag, 99.0) if offered_rate else None,
+        offered_rate=offered_rate,
+        achieved_rate=achieved if offered_rate else None,
+    )
+    samples = {k: stats.as_samples(v) for k, v in m.samples().items() if k != "icl"}
+    samples["lag"] = stats.as_samples(lag)
+    e2e_slo = min((s.threshold_s for s in slos if s.metric == "e2e"), default=None)
+    slow = slowlog.select(
+        e2e,
+        np.array([r.t_sched for r in ok]),
+        p99_s=stats.nearest_rank(e2e, 99.0) if e2e.size >= stats.min_samples_for(99.0) else None,
+        slo_s=e2e_slo,
+        spans=stage,
+        lag=np.array([r.lag for r in ok]),
+    )
+    return StreamSummary(metrics, evidence, samples, slow)

@@ -1,0 +1,278 @@
+"""Load and capacity: the knee, the largest rate that meets an SLO, stability over time,
+and behaviour under shaped load, for tensor and generative engines alike.
+
+* sweep: raise the load step by step (request rate for tensor engines, concurrent users
+  for generative ones) until latency or errors blow up or throughput stops growing; the
+  knee is the last point before that.
+* capacity: the largest request rate whose objective (``--slo``, else the default below)
+  holds, by bracketing and bisection on measured points, with the bracketing points,
+  and the capacity point measured again (the profile's ``repeats``) for its spread.
+* soak: a fixed load for the profile's soak time, latency per window and memory drift.
+* shape: clumped (gamma) arrivals, a burst from base rate to peak and back, a ramp.
+
+Every point is judged by the same validity rules as any cell; an invalid point never
+becomes the knee or the capacity. Open-loop latency counts from the scheduled time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from harness.batching import BatchPolicy, DynamicBatching, NoBatching
+from harness.capacity import KneeRule, SearchPolicy, capacity_search, sweep
+from harness.cell import Cell
+from harness.clock import MonotonicClock
+from harness.config import ProfileName, RunSettings
+from harness.genload import Driver
+from harness.loadgen import Arrivals, OpenLoop, RateShape, Schedule, ShapedLoad
+from harness.plugin import OpenEngine, settings_of
+from harness.servestats import e2e_slos
+from harness.streaming import SLO, parse_slos
+from workloads import inputs
+from workloads.generative import model_dir, open_generative, vocab_size
+from workloads.load import (
+    GenerativeTarget,
+    TensorTarget,
+    finish_capacity,
+    finish_shape,
+    finish_soak,
+    finish_sweep,
+)
+from workloads.models import open_model
+
+MODEL = "tiny-cnn"
+DISTINCT_INPUTS = 64
+
+TENSOR_OBJECTIVE = "e2e_p99=10ms"
+GENERATIVE_OBJECTIVE = "ttft_p99=500ms,e2e_p99=2s"
+PROMPT = (32, 16, 64)  # median, min, max tokens: short requests, many of them
+OUTPUT = (16, 8, 32)
+
+RATES = {
+    ProfileName.QUICK: (250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0),
+    ProfileName.FULL: tuple(round(100 * 1.5**k) * 1.0 for k in range(16)),  # 100 .. 44k
+}
+USERS = {
+    ProfileName.QUICK: (1.0, 2.0, 4.0, 8.0, 16.0, 32.0),
+    ProfileName.FULL: (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0),
+}
+TENSOR_SEARCH = {"start": 500.0, "floor": 25.0, "ceiling": 200_000.0}
+GENERATIVE_SEARCH = {"start": 32.0, "floor": 0.5, "ceiling": 4096.0}
+SOAK_RATE = {"tensor": 500.0, "generative": 20.0}
+SHAPES = ("gamma-cv3", "burst", "ramp")
+SHAPE_RATES = {"tensor": (300.0, 3000.0), "generative": (10.0, 40.0)}  # base, peak
+
+
+def _objective(settings: RunSettings, family: str) -> str:
+    """The user's SLOs that apply to the family, else the family's default."""
+    slos = e2e_slos(settings.slos) if family == "tensor" else settings.slos
+    if not slos:
+        slos = parse_slos(TENSOR_OBJECTIVE if family == "tensor" else GENERATIVE_OBJECTIVE)
+    return ",".join(f"{s.key}={s.threshold_s * 1e3:g}ms" for s in slos)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "objective" in metafunc.fixturenames:
+        family = "generative" if "generative" in metafunc.function.__name__ else "tensor"
+        metafunc.parametrize("objective", [_objective(settings_of(metafunc.config), family)])
+
+
+def _tensor_target(
+    cell: Cell,
+    open_engine: OpenEngine,
+    settings: RunSettings,
+    slos: tuple[SLO, ...],
+    policy: BatchPolicy,
+) -> TensorTarget:
+    engine = open_model(open_engine, cell, settings, MODEL)
+    rng = np.random.default_rng(settings.seed)
+    pool = [
+        inputs.synthesize(engine.input_specs(), settings.dims, rng) for _ in range(DISTINCT_INPUTS)
+    ]
+    for size in sorted({1, policy.max_batch}):
+        engine.warmup(inputs.collate(pool[:size]), settings.profile.warmup_iterations)
+    return TensorTarget(engine, pool, settings, slos, settings.seed + 3000, policy)
+
+
+def _generative_target(
+    request: pytest.FixtureRequest,
+    cell: Cell,
+    open_engine: OpenEngine,
+    settings: RunSettings,
+    aio: asyncio.Runner,
+    slos: tuple[SLO, ...],
+) -> GenerativeTarget:
+    model = model_dir(settings)
+    engine = open_generative(request, open_engine, cell, model)
+    driver = Driver(engine, MonotonicClock(), settings.reliability.request_timeout_s)
+    target = GenerativeTarget(
+        driver, aio, settings, slos, vocab_size(model), settings.seed + 4000, PROMPT, OUTPUT
+    )
+    aio.run(driver.closed_loop(target.requests(8), 8))  # warm-up, also opens connections
+    return target
+
+
+def _rule(settings: RunSettings, *, plateau: bool = False) -> KneeRule:
+    return KneeRule(max_error_rate=settings.profile.policy.max_error_rate, plateau=plateau)
+
+
+def _search(settings: RunSettings, bounds: dict[str, float]) -> SearchPolicy:
+    return SearchPolicy(
+        **bounds,
+        tolerance=settings.profile.search_tolerance,
+        max_points=settings.profile.search_points,
+    )
+
+
+@pytest.mark.requires(family="tensor")
+def test_rate_sweep(cell: Cell, open_engine: OpenEngine, harness_settings: RunSettings) -> None:
+    slos = e2e_slos(harness_settings.slos)
+    target = _tensor_target(cell, open_engine, harness_settings, slos, NoBatching())
+    result = sweep(target.rate_point, RATES[harness_settings.profile.name], _rule(harness_settings))
+    finish_sweep(cell, result, target.points, "req/s", {"arrivals": target.seed})
+
+
+@pytest.mark.requires(family="tensor")
+@pytest.mark.parametrize("batching", ["none", "dynamic-b8-2ms"])
+def test_capacity(
+    cell: Cell,
+    open_engine: OpenEngine,
+    harness_settings: RunSettings,
+    objective: str,
+    batching: str,
+) -> None:
+    policy: BatchPolicy = NoBatching() if batching == "none" else DynamicBatching(8, 0.002)
+    slos = parse_slos(objective)
+    target = _tensor_target(cell, open_engine, harness_settings, slos, policy)
+    result = capacity_search(target.rate_point, _search(harness_settings, TENSOR_SEARCH))
+    _finish_capacity(cell, result, target, objective, harness_settings)
+
+
+def _finish_capacity(
+    cell: Cell,
+    result: Any,
+    target: TensorTarget | GenerativeTarget,
+    objective: str,
+    settings: RunSettings,
+) -> None:
+    reps = []
+    if result.capacity is not None:
+        kept = target.points[result.capacity.load]  # the record keeps the first measurement
+        reps = [
+            target.rate_point(result.capacity.load) for _ in range(settings.profile.repeats - 1)
+        ]
+        target.points[result.capacity.load] = kept
+    finish_capacity(
+        cell, result, target.points, reps, objective=objective, seeds={"arrivals": target.seed}
+    )
+
+
+@pytest.mark.requires(family="tensor")
+def test_soak(cell: Cell, open_engine: OpenEngine, harness_settings: RunSettings) -> None:
+    profile = harness_settings.profile
+    slos = e2e_slos(harness_settings.slos)
+    target = _tensor_target(cell, open_engine, harness_settings, slos, NoBatching())
+    run = target.serve(OpenLoop(rate=SOAK_RATE["tensor"], duration=profile.soak_s), target.seed)
+    finish_soak(cell, run, profile.soak_s, profile.soak_windows, {"arrivals": target.seed})
+
+
+def _shape(name: str, family: str, duration: float) -> tuple[Schedule, list[float], dict[str, Any]]:
+    """The schedule, its phase edges (seconds) and a description for the record."""
+    base, peak = SHAPE_RATES[family]
+    third = duration / 3
+    if name == "gamma-cv3":
+        load: Schedule = OpenLoop(
+            rate=base, duration=duration, arrivals=Arrivals.GAMMA, burstiness=3.0
+        )
+        edges = [0.0, duration / 2, duration]
+        doc = {"arrivals": "gamma", "burstiness": 3.0, "rate": base}
+    elif name == "burst":
+        load = ShapedLoad(RateShape.burst(base, peak, third, third, duration))
+        edges = [0.0, third, 2 * third, duration]  # before, during, after
+        doc = {"base": base, "peak": peak, "burst_from_s": third, "burst_s": third}
+    else:
+        load = ShapedLoad(RateShape.ramp(base, peak, duration))
+        edges = list(np.linspace(0.0, duration, 5))
+        doc = {"from": base, "to": peak}
+    return load, edges, {"name": name, "duration_s": duration, **doc}
+
+
+@pytest.mark.requires(family="tensor")
+@pytest.mark.parametrize("shape", SHAPES)
+def test_load_shape(
+    cell: Cell, open_engine: OpenEngine, harness_settings: RunSettings, shape: str
+) -> None:
+    slos = e2e_slos(harness_settings.slos)
+    target = _tensor_target(cell, open_engine, harness_settings, slos, NoBatching())
+    load, edges, doc = _shape(shape, "tensor", harness_settings.profile.window_s * 2)
+    run = target.serve(load, target.seed)
+    finish_shape(cell, run, edges, doc, {"arrivals": target.seed})
+
+
+@pytest.mark.requires(family="generative", streaming=True)
+def test_generative_users_sweep(
+    request: pytest.FixtureRequest,
+    cell: Cell,
+    open_engine: OpenEngine,
+    harness_settings: RunSettings,
+    aio: asyncio.Runner,
+) -> None:
+    target = _generative_target(
+        request, cell, open_engine, harness_settings, aio, harness_settings.slos
+    )
+    rule = _rule(harness_settings, plateau=True)
+    result = sweep(target.users_point, USERS[harness_settings.profile.name], rule)
+    finish_sweep(cell, result, target.points, "users", {"requests": target.seed})
+
+
+@pytest.mark.requires(family="generative", streaming=True)
+def test_generative_capacity(
+    request: pytest.FixtureRequest,
+    cell: Cell,
+    open_engine: OpenEngine,
+    harness_settings: RunSettings,
+    aio: asyncio.Runner,
+    objective: str,
+) -> None:
+    slos = parse_slos(objective)
+    target = _generative_target(request, cell, open_engine, harness_settings, aio, slos)
+    result = capacity_search(target.rate_point, _search(harness_settings, GENERATIVE_SEARCH))
+    _finish_capacity(cell, result, target, objective, harness_settings)
+
+
+@pytest.mark.requires(family="generative", streaming=True)
+def test_generative_soak(
+    request: pytest.FixtureRequest,
+    cell: Cell,
+    open_engine: OpenEngine,
+    harness_settings: RunSettings,
+    aio: asyncio.Runner,
+) -> None:
+    profile = harness_settings.profile
+    target = _generative_target(
+        request, cell, open_engine, harness_settings, aio, harness_settings.slos
+    )
+    run = target.serve(OpenLoop(rate=SOAK_RATE["generative"], duration=profile.soak_s))
+    finish_soak(cell, run, profile.soak_s, profile.soak_windows, {"requests": target.seed})
+
+
+@pytest.mark.requires(family="generative", streaming=True)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_generative_shape(
+    request: pytest.FixtureRequest,
+    cell: Cell,
+    open_engine: OpenEngine,
+    harness_settings: RunSettings,
+    aio: asyncio.Runner,
+    shape: str,
+) -> None:
+    target = _generative_target(
+        request, cell, open_engine, harness_settings, aio, harness_settings.slos
+    )
+    load, edges, doc = _shape(shape, "generative", max(harness_settings.profile.window_s * 5, 20.0))
+    run = target.serve(load)
+    finish_shape(cell, run, edges, doc, {"requests": target.seed})
