@@ -151,8 +151,15 @@ class FaultServer:
 @contextmanager
 def fault_server(plan: Plan) -> Iterator[str]:
     """Serve ``plan`` on a free loopback port in a thread; yields the base URL."""
+    with serve_app(FaultServer(plan).app) as url:
+        yield url
+
+
+@contextmanager
+def serve_app(app: web.Application) -> Iterator[str]:
+    """Serve ``app`` on a free loopback port in a thread; yields the base URL."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(FaultServer(plan).app, access_log=None)
+    runner = web.AppRunner(app, access_log=None)
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, "127.0.0.1", 0)
     loop.run_until_complete(site.start())

@@ -1,17 +1,21 @@
-"""The OpenAI-compatible adapter on recorded and malformed SSE streams (httpx MockTransport)."""
+"""The OpenAI-compatible adapter on recorded and malformed SSE streams, served by a
+loopback aiohttp server whose answers the tests write as ``httpx.Response`` objects."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from engines.openai_http import OpenAIEngine, RequestFailed, StreamState
 from harness.engine import EngineConfig, GenerationRequest, counter_delta
+from tests.fault_server import serve_app
 
 httpx = pytest.importorskip("httpx")
-pytest.importorskip("httpx_sse")
 
 
 def sse(*events: object, done: bool = True) -> bytes:
@@ -96,16 +100,37 @@ def test_truncated_stream_fails_on_close():
         state.close()
 
 
-def engine_for(handler, monkeypatch, **options):
-    transport = httpx.MockTransport(handler)
-    real_async, real_sync = httpx.AsyncClient, httpx.Client
-    monkeypatch.setattr(httpx, "AsyncClient", lambda **kw: real_async(transport=transport, **kw))
-    monkeypatch.setattr(httpx, "Client", lambda **kw: real_sync(transport=transport, **kw))
-    engine = OpenAIEngine(
-        EngineConfig(
-            model=__import__("pathlib").Path("m"),
-            options={"base_url": "http://127.0.0.1:9", **options},
+def canned_app(handler):
+    """Every request goes to ``handler(httpx.Request) -> httpx.Response``."""
+
+    async def any_route(request: web.Request) -> web.Response:
+        seen = httpx.Request(
+            request.method,
+            str(request.url),
+            headers=dict(request.headers),
+            content=await request.read(),
         )
+        answer = handler(seen)
+        content_type = answer.headers.get("content-type", "application/json")
+        return web.Response(
+            status=answer.status_code, body=answer.content, content_type=content_type.split(";")[0]
+        )
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", any_route)
+    return app
+
+
+@pytest.fixture
+def serve():
+    """``serve(handler)`` -> the base URL of a loopback server answering with it."""
+    with contextlib.ExitStack() as stack:
+        yield lambda handler: stack.enter_context(serve_app(canned_app(handler)))
+
+
+def engine_for(serve, handler, **options):
+    engine = OpenAIEngine(
+        EngineConfig(model=Path("m"), options={"base_url": serve(handler), **options})
     )
     engine.load()
     return engine
@@ -132,9 +157,9 @@ async def collect(engine, req):
     return [c async for c in engine.generate(req)]
 
 
-def test_engine_streams_a_recorded_response_and_sends_what_was_asked(monkeypatch):
+def test_engine_streams_a_recorded_response_and_sends_what_was_asked(serve):
     seen: list = []
-    engine = engine_for(server(RECORDED, seen=seen), monkeypatch)
+    engine = engine_for(serve, server(RECORDED, seen=seen))
     chunks = asyncio.run(collect(engine, GenerationRequest(prompt=(5, 6, 7), max_tokens=5)))
     assert sum(c.n_tokens for c in chunks) == 5
     body = json.loads(seen[0].content)
@@ -159,16 +184,16 @@ def test_engine_streams_a_recorded_response_and_sends_what_was_asked(monkeypatch
         ),
     ],
 )
-def test_engine_failures_are_request_failures(monkeypatch, body, status, message):
-    engine = engine_for(server(body, status), monkeypatch)
+def test_engine_failures_are_request_failures(serve, body, status, message):
+    engine = engine_for(serve, server(body, status))
     with pytest.raises(RequestFailed, match=message):
         asyncio.run(collect(engine, GenerationRequest(prompt=(1,), max_tokens=2)))
 
 
-def test_api_key_comes_from_the_environment_and_never_shows(monkeypatch):
+def test_api_key_comes_from_the_environment_and_never_shows(serve, monkeypatch):
     monkeypatch.setenv("MY_KEY", "sk-secret-123")
     seen: list = []
-    engine = engine_for(server(RECORDED, seen=seen), monkeypatch, api_key_env="MY_KEY")
+    engine = engine_for(serve, server(RECORDED, seen=seen), api_key_env="MY_KEY")
     asyncio.run(collect(engine, GenerationRequest(prompt=(1,), max_tokens=5)))
     assert seen[0].headers["authorization"] == "Bearer sk-secret-123"
     described = json.dumps(engine.describe())
@@ -190,7 +215,7 @@ def test_bad_options(options, message):
         OpenAIEngine.validate_options(options)
 
 
-def test_counters_are_read_from_prometheus_metrics(monkeypatch):
+def test_counters_are_read_from_prometheus_metrics(serve):
     pytest.importorskip("prometheus_client")
     text = (
         "# HELP vllm:time_to_first_token_seconds ttft\n"
@@ -208,7 +233,7 @@ def test_counters_are_read_from_prometheus_metrics(monkeypatch):
             return httpx.Response(200, text=text)
         return server(RECORDED)(request)
 
-    engine = engine_for(handler, monkeypatch)
+    engine = engine_for(serve, handler)
     counters = engine.counters()
     assert counters["vllm:time_to_first_token_seconds_sum"] == pytest.approx(0.2)
     assert counters["vllm:time_to_first_token_seconds_count"] == 4.0
@@ -223,13 +248,41 @@ def test_counter_delta_gives_histogram_means():
     )
 
 
-def test_client_retokenization_is_recorded_beside_server_counts(monkeypatch):
+def test_client_retokenization_is_recorded_beside_server_counts(serve):
     class WordTokenizer:  # a stand-in for the model's tokenizer: one id per word
         def encode(self, text, add_special_tokens=False):
             return text.split()
 
-    engine = engine_for(server(RECORDED), monkeypatch)
+    engine = engine_for(serve, server(RECORDED))
     engine._tokenizer = WordTokenizer()
     chunks = asyncio.run(collect(engine, GenerationRequest(prompt=(1,), max_tokens=5)))
     assert chunks[-1].retokenized == len(["nobisoesinefiro", "goke"])
     assert sum(c.n_tokens for c in chunks) == 5  # server's count untouched
+
+
+async def _pieces(data: bytes, size: int):
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 64, 10_000])
+def test_sse_events_survive_any_split_and_crlf(size):
+    from engines.openai_http import sse_events  # noqa: PLC0415
+
+    stream = (
+        b": a comment\r\n\r\n"
+        b'data: {"a": 1}\r\n\r\n'
+        b"event: error\ndata: line one\ndata: line two\n\n"
+        b"data:no-space\n\n"
+        b"data: [DONE]"  # no final blank line: still an event
+    )
+
+    async def collect_events():
+        return [e async for e in sse_events(_pieces(stream, size))]
+
+    assert asyncio.run(collect_events()) == [
+        ("message", '{"a": 1}'),
+        ("error", "line one\nline two"),
+        ("message", "no-space"),
+        ("message", "[DONE]"),
+    ]

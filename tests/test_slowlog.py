@@ -86,8 +86,9 @@ def test_requests_over_the_slo_are_logged_with_telemetry_around_them():
     assert around["t"], "samples taken while it ran"
     assert all(first["t_sched_s"] - 0.06 <= t for t in around["t"])
     assert len(around["rss_bytes"]) == len(around["t"])
-    assert summary.metrics["throughput"]["goodput_requests_per_s"] < (
-        summary.metrics["throughput"]["requests_per_s"]
+    assert (
+        summary.metrics["throughput"]["goodput_requests_per_s"]
+        < (summary.metrics["throughput"]["requests_per_s"])
     )
     assert summary.metrics["slo"]["e2e_p99"]["met"] is False
 
