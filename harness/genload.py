@@ -108,10 +108,11 @@ class Driver:
         requests: Sequence[GenerationRequest],
         concurrency: int,
         min_duration_s: float | None = None,
+        min_requests: int = 0,
     ) -> list[RequestRecord]:
         """Every request in order, ``concurrency`` at a time; with ``min_duration_s``,
-        users stop taking new requests once that long has passed (``requests`` then
-        only bounds the count: the rest are never sent)."""
+        users stop taking new requests once that long has passed and ``min_requests``
+        have been sent (``requests`` then only bounds the count: the rest are never sent)."""
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         pending = iter(range(len(requests)))
@@ -122,7 +123,8 @@ class Driver:
             for i in pending:  # shared iterator: each index goes to exactly one user
                 # closed loop: a request is due the moment its user is free
                 out[i] = await self.one(requests[i], self.clock.now())
-                if stop_at is not None and self.clock.now() >= stop_at:
+                done = stop_at is not None and self.clock.now() >= stop_at
+                if done and i + 1 >= min_requests:
                     return
 
         with gc_paused():  # the window starts after the collection, not before

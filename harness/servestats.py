@@ -56,6 +56,7 @@ def summarize_trace(
         "lag": stats.to_json(stats.summarize(trace.lag)),
         "throughput": _throughput(n_ok, good, window),
         "slo": _slo_verdicts(e2e_summary.adjusted, slos),
+        "requests": {"total": n_ok + n_failed, "ok": n_ok, "failed": n_failed, "met_slo": good},
         "errors": errors.tally(trace.errors),
     }
     evidence = Evidence(

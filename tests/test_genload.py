@@ -113,3 +113,10 @@ def test_closed_loop_with_a_minimum_duration_stops_taking_requests_after_it():
     span = max(r.t_end for r in out) - min(r.t_sched for r in out)
     assert 0.1 <= span < 0.3
     assert all(r.ok for r in out)
+
+
+def test_closed_loop_runs_past_its_minimum_duration_until_its_minimum_requests():
+    engine = FakeStreamingEngine(step=0.005)
+    driver = Driver(engine, MonotonicClock(), 5.0)
+    out = asyncio.run(driver.closed_loop(reqs(200), 2, 0.01, min_requests=20))
+    assert 20 <= len(out) <= 22

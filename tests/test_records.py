@@ -73,3 +73,13 @@ def test_params_keep_declared_order_through_serialization():
     rec = record(params={"rate": 1.0, "mode": "x", "batch": 8})
     back = records.parse(CellRecord, records.dump(rec), "mem")
     assert list(back.params) == ["rate", "mode", "batch"]
+
+
+def test_schema_3_records_migrate_to_4_without_slow_requests():
+    old = json.loads(records.dump(record()))
+    old.pop("slow_requests")
+    old["schema_version"] = 3
+    back = records.parse(CellRecord, json.dumps(old).encode(), "v3.json")
+    assert back.schema_version == records.SCHEMA_VERSION == 4
+    assert back.slow_requests == ()
+    assert all(h.ci is None for h in back.headline)

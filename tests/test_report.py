@@ -105,3 +105,41 @@ def test_number_formatting():
     assert report.fmt_number(9999.0) == "9999"
     assert report.fmt_number(2.5e9) == "2.5G"
     assert report.fmt_number(float("inf")) == "inf"
+
+
+def test_headline_intervals_show_in_markdown_and_csv(tmp_path):
+    from harness.records import Headline  # noqa: PLC0415
+
+    run = store.new_run_dir(tmp_path)
+    cells = [("cap.onnx", "onnx", {"rate": 10.0, "mode": "static"})]
+    store.write_manifest(run, manifest(cells, run_id=run.name))
+    headline = (
+        Headline(label="p99", metric="e2e.p99", unit="ms", scale=1e3, ci="e2e.ci95.p99"),
+        Headline(label="tput", metric="tput", unit="req/s", ci="tput_ci"),
+    )
+    metrics = {
+        "e2e": {"p99": 0.0042, "ci95": {"p99": [0.0039, None]}, "adjusted": {}},
+        "tput": 2378.0,
+        "tput_ci": [2330.0, 2425.0],
+    }
+    store.write_record(
+        run,
+        record(
+            "cap.onnx",
+            run_id=run.name,
+            engine="onnx",
+            params=cells[0][2],
+            headline=headline,
+            metrics=metrics,
+        ),
+    )
+    md, csv_path = report.write(run)
+    text = md.read_text()
+    # the data bound p99 from below only: the missing upper bound shows as "?"
+    assert r"p99 4.20 \[3.90, ?\] ms" in text
+    assert r"tput 2378 \[2330, 2425\] req/s" in text
+    header, row = csv_path.read_text().splitlines()
+    cols = dict(zip(header.split(","), row.split(","), strict=True))
+    assert cols["onnx:tput ci95 low [req/s]"] == "2330.0"
+    assert cols["onnx:tput ci95 high [req/s]"] == "2425.0"
+    assert cols["onnx:p99 ci95 high [ms]"] == ""

@@ -122,3 +122,77 @@ def test_continuous_batching_beats_static_batching_on_tail_ttft(run: Runs):
         }
         cont, static = by_mode["continuous"], by_mode["static"]
         assert cont.metrics["ttft"]["p99"] < static.metrics["ttft"]["p99"], engine
+
+
+@pytest.fixture(scope="module")
+def load_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The load / capacity workloads on in-process vLLM (quick profile)."""
+    results = os.environ.get("HARNESS_LIVE_RESULTS")
+    result = run_workloads(
+        tmp_path_factory.mktemp("vllm-load"),
+        "--engine=vllm",
+        "-k",
+        "test_load.py",
+        results=Path(results) if results else None,
+    )
+    print(result.stdout[-5000:])
+    assert result.returncode == 0, result.stdout[-6000:]
+    return result
+
+
+def load_cell(run: Run, workload: str) -> CellRecord:
+    [rec] = [r for r in run.records.values() if r.workload == workload and r.engine == "vllm"]
+    return rec
+
+
+def test_users_sweep_finds_where_more_users_stop_paying(load_run: Run):
+    rec = load_cell(load_run, "generative_users_sweep")
+    assert rec.status is Status.OK, rec.reasons
+    points = rec.metrics["sweep"]["points"]
+    assert [p["load"] for p in points][:2] == [1.0, 2.0]
+    knee = rec.metrics["knee"]
+    at_knee = next(p for p in points if p["load"] == knee["load"])
+    assert at_knee["valid"]
+    assert at_knee["samples"] >= 100
+    assert at_knee["window_s"] >= 1.0
+    assert 0 < at_knee["ttft"]["p50"] < at_knee["e2e"]["p50"]
+    # more users than the knee did not buy proportionally more throughput or held latency
+    if rec.metrics["sweep"]["stop"] == "blow-up":
+        assert knee["blown_at"] > knee["load"]
+    lo, hi = knee["throughput_ci95"]
+    assert lo <= knee["throughput"] <= hi
+
+
+def test_generative_capacity_is_bracketed_and_meets_its_objective(load_run: Run):
+    rec = load_cell(load_run, "generative_capacity")
+    assert rec.status is Status.OK, rec.reasons
+    search, cap = rec.metrics["search"], rec.metrics["capacity"]
+    points = {p["load"]: p for p in search["points"]}
+    low, high = search["bracket"]
+    assert cap["load"] == low
+    assert points[low]["passes"]
+    assert high is not None
+    assert high > low
+    assert not points[high]["passes"]
+    assert rec.params["objective"] == "ttft_p99=500ms,e2e_p99=2000ms"
+    slo = rec.metrics["at_capacity"]["slo"]
+    assert slo["ttft_p99"]["met"]
+    assert slo["e2e_p99"]["met"]
+    assert (
+        rec.metrics["at_capacity"]["tokens"]["output"]
+        == rec.metrics["at_capacity"]["tokens"]["asked"]
+    )
+    assert cap["spread"]["repetitions"] == 2
+
+
+def test_generative_soak_and_shapes_report_windows(load_run: Run):
+    soak = load_cell(load_run, "generative_soak")
+    assert soak.status is Status.OK, soak.reasons
+    assert len(soak.metrics["windows"]) == 4
+    assert soak.metrics["drift"]["memory"]["samples"] >= 12
+    shapes = [r for r in load_run.records.values() if r.workload == "generative_shape"]
+    assert {r.params["shape"] for r in shapes} == {"gamma-cv3", "burst", "ramp"}
+    for rec in shapes:
+        assert rec.status is Status.OK, (rec.cell_id, rec.reasons)
+        assert set(rec.metrics["stages"]) == {"queue", "first_token", "decode"}
+        assert rec.metrics["phases"]

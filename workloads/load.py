@@ -221,7 +221,9 @@ class GenerativeTarget:
         per_user = last.point.throughput / last.point.load if last else 0.0
         expected = per_user * users * profile.window_s * 1.5
         n = max(profile.gen_requests, 4 * int(users), math.ceil(expected))
-        run = self.driver.closed_loop(self.requests(n), int(users), profile.window_s)
+        run = self.driver.closed_loop(
+            self.requests(n), int(users), profile.window_s, profile.gen_requests
+        )
         return self._summarize(users, self.aio.run(run), None)
 
 
