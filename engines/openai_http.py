@@ -19,6 +19,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -283,7 +284,10 @@ class OpenAIEngine:
         session = await self._session()
         path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
         state = StreamState(self.api)
+        t_post = time.perf_counter()
         async with session.post(self.base_url + path, json=self.payload(request)) as response:
+            # sent to response headers: connection, transfer and the server's admission
+            headers_s = time.perf_counter() - t_post
             if response.status != 200:
                 body = (await response.read())[:300].decode(errors="replace")
                 raise RequestFailed(f"HTTP {response.status}: {body}")
@@ -294,9 +298,10 @@ class OpenAIEngine:
                 if chunk is not None:
                     yield chunk
         state.close()
+        retokenized = None
         if self._tokenizer is not None:
-            ids = self._tokenizer.encode(state.text, add_special_tokens=False)
-            yield Chunk(n_tokens=0, retokenized=len(ids))
+            retokenized = len(self._tokenizer.encode(state.text, add_special_tokens=False))
+        yield Chunk(n_tokens=0, retokenized=retokenized, client_stats={"http_headers_s": headers_s})
         self.saw_running_usage = state.running_usage
 
     async def aclose(self) -> None:

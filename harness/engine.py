@@ -225,6 +225,9 @@ class Chunk:
     engine_stats: Mapping[str, float] | None = None
     retokenized: int | None = None
     """Client-side count of the whole output, re-tokenized (final chunk, where available)."""
+    client_stats: Mapping[str, float] | None = None
+    """The adapter's own timings of the request in seconds (an HTTP engine:
+    ``http_headers_s``, sent to response headers), feeding the stage breakdown."""
 
     def __post_init__(self) -> None:
         if self.n_tokens < 0:

@@ -68,6 +68,7 @@ class Driver:
         reported: int | None = None
         engine_stats: Mapping[str, float] | None = None
         retokenized: int | None = None
+        client_stats: Mapping[str, float] | None = None
         error: str | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -80,6 +81,8 @@ class Driver:
                         engine_stats = chunk.engine_stats
                     if chunk.retokenized is not None:
                         retokenized = chunk.retokenized
+                    if chunk.client_stats is not None:
+                        client_stats = chunk.client_stats
         except TimeoutError:
             error = f"timeout after {self.timeout_s:g} s"
         except Exception as exc:  # a failed request is counted, never dropped
@@ -100,6 +103,7 @@ class Driver:
             error=error,
             engine_stats=engine_stats,
             n_out_retokenized=retokenized,
+            client_stats=client_stats,
             lag=t_send - (t_sched if t_intended is None else t_intended),
         )
 

@@ -37,6 +37,7 @@ class RequestRecord:
     error: str | None = None
     engine_stats: Mapping[str, float] | None = None
     n_out_retokenized: int | None = None
+    client_stats: Mapping[str, float] | None = None
     lag: float = 0.0
     """The generator's own lateness: actual send minus when it meant to send (open loop:
     t_sched; static batches: when the batch was released). Queueing is not lag."""

@@ -2,8 +2,9 @@
 samples and slow-request log; the streaming counterpart of ``harness.servestats``.
 
 Per request, the stages are ``queue`` (due to sent: the generator's lag in open loop),
-``first_token`` (sent to first token: admission, prefill, and the network for an HTTP
-engine) and ``decode`` (first to last token).
+for an HTTP engine ``network`` (sent to response headers: connection, transfer and the
+server's admission), ``first_token`` (to the first token: queueing in the engine and
+prefill) and ``decode`` (first to last token).
 """
 
 from __future__ import annotations
@@ -31,11 +32,20 @@ class StreamSummary:
 
 
 def spans(ok: Sequence[RequestRecord]) -> dict[str, Array]:
-    return {
+    """Per request; ``network`` (sent to response headers) where every request has it."""
+    out = {
         "queue": np.array([r.t_send - r.t_sched for r in ok]),
         "first_token": np.array([r.t_first - r.t_send for r in ok]),
         "decode": np.array([r.t_last - r.t_first for r in ok]),
     }
+    headers = [(r.client_stats or {}).get("http_headers_s") for r in ok]
+    if ok and all(h is not None for h in headers):
+        network = np.array(headers, dtype=np.float64)
+        out = {"queue": out["queue"], "network": network} | {
+            "first_token": out["first_token"] - network,
+            "decode": out["decode"],
+        }
+    return out
 
 
 def summarize_stream(

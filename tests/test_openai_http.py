@@ -162,6 +162,7 @@ def test_engine_streams_a_recorded_response_and_sends_what_was_asked(serve):
     engine = engine_for(serve, server(RECORDED, seen=seen))
     chunks = asyncio.run(collect(engine, GenerationRequest(prompt=(5, 6, 7), max_tokens=5)))
     assert sum(c.n_tokens for c in chunks) == 5
+    assert 0 < chunks[-1].client_stats["http_headers_s"] < 1.0  # the network span
     body = json.loads(seen[0].content)
     assert body["prompt"] == [5, 6, 7]
     assert body["max_tokens"] == 5

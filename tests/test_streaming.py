@@ -101,3 +101,27 @@ def test_retokenized_disagreement_is_flagged_not_corrected():
     assert tokens["retokenized"] == 5
     assert tokens["retokenized_requests"] == 2
     assert tokens["retokenized_mismatch"] == 1
+
+
+def test_http_requests_split_first_token_time_into_network_and_the_rest():
+    from harness.streaming import RequestRecord  # noqa: PLC0415
+    from harness.streamstats import spans  # noqa: PLC0415
+
+    rec = RequestRecord(
+        t_sched=0.0,
+        t_send=0.001,
+        t_end=0.1,
+        chunk_times=(0.031, 0.05, 0.1),
+        chunk_tokens=(1, 1, 1),
+        n_in=3,
+        n_asked=3,
+        client_stats={"http_headers_s": 0.01},
+    )
+    got = {k: float(v[0]) for k, v in spans([rec]).items()}
+    assert list(got) == ["queue", "network", "first_token", "decode"]
+    assert got == pytest.approx(
+        {"queue": 0.001, "network": 0.01, "first_token": 0.02, "decode": 0.069}
+    )
+    # without client timings there is no network span
+    plain = RequestRecord(0.0, 0.001, 0.1, (0.031, 0.1), (1, 1), 3, 2)
+    assert list(spans([plain])) == ["queue", "first_token", "decode"]
