@@ -57,7 +57,7 @@ RATES = {
     ProfileName.FULL: tuple(round(100 * 1.5**k) * 1.0 for k in range(16)),  # 100 .. 44k
 }
 USERS = {
-    ProfileName.QUICK: (1.0, 2.0, 4.0, 8.0, 16.0, 32.0),
+    ProfileName.QUICK: (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0),
     ProfileName.FULL: (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0),
 }
 TENSOR_SEARCH = {"start": 500.0, "floor": 25.0, "ceiling": 200_000.0}
