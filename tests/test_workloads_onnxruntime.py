@@ -24,6 +24,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, CellR
         "--profile=quick",
         f"--window={WINDOW_S}",
         "--requests=120",
+        "--ignore=workloads/test_load.py",  # tests/test_load_onnxruntime.py runs it
     )
     assert result.returncode == 0, result.stdout[-4000:]
     return result.run_dir, result.records, result.stdout
