@@ -78,6 +78,7 @@ def summarize_stream(
         lag_p99_s=stats.conservative(lag, 99.0) if offered_rate else None,
         offered_rate=offered_rate,
         achieved_rate=achieved if offered_rate else None,
+        sent_rate=_sent_rate(records) if offered_rate else None,
     )
     samples = {k: stats.as_samples(v) for k, v in m.samples().items() if k != "icl"}
     samples["lag"] = stats.as_samples(lag)
@@ -91,3 +92,9 @@ def summarize_stream(
         lag=np.array([r.lag for r in ok]),
     )
     return StreamSummary(metrics, evidence, samples, slow)
+
+
+def _sent_rate(records: Sequence[RequestRecord]) -> float | None:
+    """Requests per second from the first one due to the last one sent."""
+    span = max(r.t_send for r in records) - min(r.t_sched for r in records)
+    return len(records) / span if span > 0 and len(records) > 1 else None

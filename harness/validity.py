@@ -28,6 +28,7 @@ class Policy:
     max_lag_p99_s: float = 0.005
     required_percentiles: tuple[float, ...] = (50.0, 99.0)
     min_achieved_ratio: float = 0.95
+    min_sent_ratio: float = 0.99
 
     def __post_init__(self) -> None:
         if self.min_window_s < 0 or self.min_samples < 1:
@@ -52,6 +53,9 @@ class Evidence:
     lag_p99_s: float | None = None
     offered_rate: float | None = None
     achieved_rate: float | None = None
+    sent_rate: float | None = None
+    """Requests the generator actually sent per second of schedule (first due to last
+    sent); None where sending is the schedule itself (the in-process serving loop)."""
     negative_durations: int = 0
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
@@ -96,6 +100,13 @@ def judge(ev: Evidence, policy: Policy) -> Validity:
             f"load-generator lag p99 {ev.lag_p99_s * 1e3:.3g} ms > bound"
             f" {policy.max_lag_p99_s * 1e3:g} ms: the client, not the system, set the timing"
         )
+    if ev.sent_rate is not None and ev.offered_rate:
+        ratio = ev.sent_rate / ev.offered_rate
+        if ratio < policy.min_sent_ratio:
+            reasons.append(
+                f"the load generator sent {ev.sent_rate:.4g} req/s of {ev.offered_rate:.4g}"
+                f" offered ({ratio:.1%} < {policy.min_sent_ratio:.0%}): it could not keep up"
+            )
     if ev.negative_durations:
         reasons.append(f"clock sanity: {ev.negative_durations} negative durations")
     reasons.extend(ev.problems)

@@ -65,3 +65,13 @@ def test_closed_loop_evidence_skips_rate_and_lag_checks():
 def test_policy_validates_itself():
     with pytest.raises(ValueError, match="fraction"):
         Policy(min_window_s=1, min_samples=1, max_error_rate=2.0)
+
+
+def test_a_generator_that_sent_too_slowly_makes_the_cell_invalid():
+    policy = Policy(min_window_s=1.0, min_samples=100)
+    base = {"samples": 1000, "failed": 0, "window_s": 10.0, "offered_rate": 100.0}
+    late = judge(Evidence(**base, sent_rate=95.0), policy)
+    assert late.verdict is Verdict.INVALID
+    assert "sent 95 req/s of 100 offered (95.0% < 99%)" in late.reasons[0]
+    assert judge(Evidence(**base, sent_rate=99.5), policy).verdict is Verdict.VALID
+    assert judge(Evidence(**base), policy).verdict is Verdict.VALID  # not measured: no verdict
