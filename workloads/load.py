@@ -436,14 +436,15 @@ def memory_drift(sampler: Telemetry | None, start: float, duration: float) -> di
     t, rss = t[inside], rss[inside]
     if t.size < 3:
         return {"absent": f"{t.size} telemetry samples in the run; a slope needs 3"}
-    slope = float(np.polyfit(t, rss, 1)[0])
+    # RSS moves in pages: a slope under 0.1 byte/s is the fit's rounding, not drift
+    slope = round(float(np.polyfit(t, rss, 1)[0]), 1) + 0.0
     return {
         "samples": int(t.size),
         "rss_start_bytes": float(rss[0]),
         "rss_end_bytes": float(rss[-1]),
         "rss_max_bytes": float(rss.max()),
         "rss_slope_bytes_per_s": slope,
-        "rss_slope_mib_per_min": slope * 60 / 2**20,
+        "rss_slope_mib_per_min": round(slope * 60 / 2**20, 4) + 0.0,
         "rss_growth_fraction": float(rss[-1] / rss[0] - 1.0) if rss[0] > 0 else None,
     }
 
