@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from harness import errors, slowlog, stats
 from harness.batching import ServeTrace
-from harness.streaming import SLO
+from harness.streaming import SLO, slo_verdicts
 from harness.validity import Evidence
 
 Array = npt.NDArray[np.float64]
@@ -51,14 +51,13 @@ def summarize_trace(
         "e2e": stats.to_json(e2e_summary),
         "queue": stats.to_json(stats.summarize(spans["queue"])),
         "service": stats.to_json(stats.summarize((trace.t_done - trace.t_send)[ok])),
-        "stages": {k: stats.to_json(stats.summarize(v[np.isfinite(v)])) for k, v in spans.items()},
-        "time_account": _account(spans, e2e),
+        **stats.stage_breakdown(spans, e2e),
         "lag": stats.to_json(stats.summarize(trace.lag)),
         "throughput": _throughput(n_ok, good, window),
-        "slo": _slo_verdicts(e2e_summary.adjusted, slos),
         "requests": {"total": n_ok + n_failed, "ok": n_ok, "failed": n_failed, "met_slo": good},
         "errors": errors.tally(trace.errors),
     }
+    metrics["slo"] = slo_verdicts(metrics, slos)
     evidence = Evidence(
         samples=n_ok,
         failed=n_failed,
@@ -98,26 +97,3 @@ def _throughput(n_ok: int, good: int, window: float) -> dict[str, Any]:
         "goodput_requests_per_s": good / window,
         "goodput_requests_per_s_ci95": list(stats.rate_ci(good, window)),
     }
-
-
-def _account(spans: dict[str, Array], e2e: Array) -> dict[str, Any]:
-    """Where the mean request's time went: each stage's mean and share of mean e2e."""
-    total = float(e2e.mean()) if e2e.size else 0.0
-    out: dict[str, Any] = {}
-    for name, values in spans.items():
-        finite = values[np.isfinite(values)]
-        mean = float(finite.mean()) if finite.size else 0.0
-        out[name] = {"mean_s": mean, "share": mean / total if total > 0 else None}
-    return out
-
-
-def _slo_verdicts(adjusted: dict[str, float], slos: Sequence[SLO]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for slo in slos:
-        value = adjusted.get(stats.percentile_key(slo.percentile))
-        out[slo.key] = {
-            "threshold_s": slo.threshold_s,
-            "value_s": value,
-            "met": value is not None and value <= slo.threshold_s,
-        }
-    return out

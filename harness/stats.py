@@ -17,8 +17,9 @@ cannot bound it. Rates get the exact Poisson (Garwood) interval of their count.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -176,3 +177,19 @@ def to_json(summary: Summary) -> dict[str, object]:
 def as_samples(values: npt.ArrayLike, digits: int = 7) -> list[float]:
     """Raw samples for a record, rounded to 0.1 us: enough to recompute any percentile."""
     return [round(float(v), digits) for v in np.asarray(values, dtype=np.float64)]
+
+
+def stage_breakdown(
+    spans: Mapping[str, npt.NDArray[np.float64]], e2e: npt.NDArray[np.float64]
+) -> dict[str, Any]:
+    """``stages``: a summary per stage span (non-finite spans left out); ``time_account``:
+    each stage's mean and its share of the mean e2e, where the request's time went."""
+    total = float(e2e.mean()) if e2e.size else 0.0
+    stages: dict[str, Any] = {}
+    account: dict[str, Any] = {}
+    for name, values in spans.items():
+        finite = values[np.isfinite(values)]
+        stages[name] = to_json(summarize(finite))
+        mean = float(finite.mean()) if finite.size else 0.0
+        account[name] = {"mean_s": mean, "share": mean / total if total > 0 else None}
+    return {"stages": stages, "time_account": account}

@@ -199,7 +199,7 @@ class StreamMetrics:
             "goodput_requests_per_s": good / self.window_s,
         }
         out["tokens"] = self._token_accounting()
-        out["slo"] = self._slo_verdicts(out)
+        out["slo"] = slo_verdicts(out, self.slos)
         out["requests"] = {
             "total": len(self.records),
             "ok": len(ok),
@@ -236,15 +236,18 @@ class StreamMetrics:
             "retokenized_mismatch": sum(r.n_out_retokenized != r.n_out for r in retok),
         }
 
-    def _slo_verdicts(self, metrics: Mapping[str, object]) -> dict[str, object]:
-        verdicts: dict[str, object] = {}
-        for slo in self.slos:
-            summary = metrics.get(slo.metric)
-            adjusted = summary.get("adjusted", {}) if isinstance(summary, dict) else {}
-            value = adjusted.get(stats.percentile_key(slo.percentile))
-            verdicts[slo.key] = {
-                "threshold_s": slo.threshold_s,
-                "value_s": value,
-                "met": value is not None and value <= slo.threshold_s,
-            }
-        return verdicts
+
+def slo_verdicts(metrics: Mapping[str, object], slos: Sequence[SLO]) -> dict[str, object]:
+    """Each SLO judged on the error-adjusted percentile of its metric's summary in
+    ``metrics`` (a failed request counts as infinite latency); no value, not met."""
+    verdicts: dict[str, object] = {}
+    for slo in slos:
+        summary = metrics.get(slo.metric)
+        adjusted = summary.get("adjusted", {}) if isinstance(summary, dict) else {}
+        value = adjusted.get(stats.percentile_key(slo.percentile))
+        verdicts[slo.key] = {
+            "threshold_s": slo.threshold_s,
+            "value_s": value,
+            "met": value is not None and value <= slo.threshold_s,
+        }
+    return verdicts

@@ -57,19 +57,11 @@ def summarize_stream(
     ok = m.ok
     stage = spans(ok)
     e2e = np.array([r.t_last - r.t_sched for r in ok])
-    mean_e2e = float(e2e.mean()) if e2e.size else 0.0
-    account = {
-        k: {
-            "mean_s": float(v.mean()) if v.size else 0.0,
-            "share": float(v.mean()) / mean_e2e if v.size and mean_e2e > 0 else None,
-        }
-        for k, v in stage.items()
-    }
-    metrics = m.to_json() | {
-        "lag": stats.to_json(stats.summarize(lag)),
-        "stages": {k: stats.to_json(stats.summarize(v)) for k, v in stage.items()},
-        "time_account": account,
-    }
+    metrics = (
+        m.to_json()
+        | {"lag": stats.to_json(stats.summarize(lag))}
+        | stats.stage_breakdown(stage, e2e)
+    )
     achieved = len(ok) / m.window_s if m.window_s > 0 else 0.0
     evidence = Evidence(
         samples=len(ok),

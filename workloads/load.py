@@ -21,7 +21,7 @@ from harness import stats
 from harness.batching import BatchPolicy, NoBatching, serve_open_loop
 from harness.capacity import CapacityResult, Point, Stop, SweepResult
 from harness.cell import Cell
-from harness.clock import MonotonicClock
+from harness.clock import Clock, MonotonicClock
 from harness.config import RunSettings
 from harness.engine import EngineError, TensorEngine
 from harness.genload import Driver
@@ -123,6 +123,24 @@ def measured(load: float, run: Summarized, settings: RunSettings) -> Measured:
     return Measured(point, metrics, evidence, run.samples, run.slow)
 
 
+def timed_batch(
+    engine: TensorEngine, pool: Sequence[dict[str, Any]], indices: Sequence[int], clock: Clock
+) -> dict[str, float]:
+    """Run requests ``indices`` (inputs drawn round-robin from ``pool``) as one batch;
+    stage spans: ``preprocess`` (collate), ``infer``, ``postprocess`` (output check)."""
+    t0 = clock.now()
+    batch = inputs.collate([pool[i % len(pool)] for i in indices])
+    t1 = clock.now()
+    outputs = engine.infer(batch)
+    t2 = clock.now()
+    for name, out in outputs.items():
+        if out.shape[0] != len(indices):
+            raise EngineError(
+                f"output {name} has batch dim {out.shape[0]}, expected {len(indices)}"
+            )
+    return {"preprocess": t1 - t0, "infer": t2 - t1, "postprocess": clock.now() - t2}
+
+
 @dataclass
 class TensorTarget:
     """Open-loop requests of one item each, served through ``policy`` (no batching by
@@ -138,16 +156,7 @@ class TensorTarget:
     points: dict[float, Measured] = field(default_factory=dict)
 
     def _run_batch(self, indices: Sequence[int]) -> dict[str, float]:
-        clock = self.clock
-        t0 = clock.now()
-        batch = inputs.collate([self.pool[i % len(self.pool)] for i in indices])
-        t1 = clock.now()
-        outputs = self.engine.infer(batch)
-        t2 = clock.now()
-        for name, out in outputs.items():
-            if out.shape[0] != len(indices):
-                raise EngineError(f"output {name} has batch dim {out.shape[0]}, not {len(indices)}")
-        return {"preprocess": t1 - t0, "infer": t2 - t1, "postprocess": clock.now() - t2}
+        return timed_batch(self.engine, self.pool, indices, self.clock)
 
     def serve(self, schedule: Schedule, seed: int) -> Served:
         offsets = schedule.schedule(seed)

@@ -8,7 +8,6 @@ at ``batch`` requests or after ``delay_ms``, whichever comes first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -25,12 +24,12 @@ from harness.batching import (
 from harness.cell import Cell
 from harness.clock import MonotonicClock
 from harness.config import ProfileName, RunSettings
-from harness.engine import EngineError
 from harness.loadgen import OpenLoop
 from harness.plugin import OpenEngine, settings_of
 from harness.records import Headline
 from harness.servestats import e2e_slos, summarize_trace
 from workloads import inputs
+from workloads.load import timed_batch
 from workloads.models import open_model
 
 DISTINCT_INPUTS = 64
@@ -76,12 +75,6 @@ def make_policy(mode: str, batch: int, delay_ms: float | None) -> BatchPolicy:
     raise ValueError(f"unknown batching mode {mode!r} (delay_ms={delay_ms})")
 
 
-def _check_outputs(outputs: Mapping[str, Any], size: int) -> None:
-    for name, out in outputs.items():
-        if out.shape[0] != size:
-            raise EngineError(f"output {name} has batch dim {out.shape[0]}, expected {size}")
-
-
 @pytest.mark.requires(family="tensor")
 def test_batching(
     cell: Cell,
@@ -104,13 +97,7 @@ def test_batching(
     clock = MonotonicClock()
 
     def run_batch(indices: Any) -> dict[str, float]:
-        t0 = clock.now()
-        batch_in = inputs.collate([pool[i % DISTINCT_INPUTS] for i in indices])
-        t1 = clock.now()
-        outputs = engine.infer(batch_in)
-        t2 = clock.now()
-        _check_outputs(outputs, len(indices))
-        return {"preprocess": t1 - t0, "infer": t2 - t1, "postprocess": clock.now() - t2}
+        return timed_batch(engine, pool, indices, clock)
 
     load = OpenLoop(rate=rate, duration=harness_settings.profile.window_s)
     offsets = load.schedule(seed)
