@@ -127,6 +127,7 @@ class RunSettings:
     results_dir: Path
     seed: int
     model: Path | None = None
+    images: Path | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
     engine_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     slos: tuple[SLO, ...] = ()
@@ -143,6 +144,7 @@ class RunSettings:
             "results_dir": str(self.results_dir),
             "seed": self.seed,
             "model": str(self.model) if self.model else None,
+            "images": str(self.images) if self.images else None,
             "dims": dict(self.dims),
             "engine_options": {k: dict(v) for k, v in self.engine_options.items()},
             "slos": {s.key: s.threshold_s for s in self.slos},
@@ -214,6 +216,20 @@ def _model(model: str | None) -> Path | None:
     return path.resolve()
 
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def _images(images: str | None) -> Path | None:
+    if images is None:
+        return None
+    path = Path(images).expanduser()
+    if not path.is_dir():
+        raise UsageError(f"--images {images!r} is not a directory; give a folder of images")
+    if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.iterdir()):
+        raise UsageError(f"--images {images!r} holds no {', '.join(IMAGE_SUFFIXES)} file")
+    return path.resolve()
+
+
 def _pairs(values: Sequence[str] | None, option: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in values or ():
@@ -261,6 +277,7 @@ def parse_settings(
     results_dir: str,
     seed: int,
     model: str | None = None,
+    images: str | None = None,
     window: float | None = None,
     requests: int | None = None,
     dims: Sequence[str] | None = None,
@@ -278,6 +295,7 @@ def parse_settings(
         results_dir=Path(results_dir),
         seed=seed,
         model=_model(model),
+        images=_images(images),
         dims=_dims(dims),
         engine_options=_engine_options(engine_options, names),
         slos=_slos(slo),

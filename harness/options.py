@@ -27,6 +27,11 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--model", metavar="PATH", help="run a local model instead of the embedded default"
     )
+    group.addoption(
+        "--images",
+        metavar="DIR",
+        help="preprocessing workload: your .jpg/.png files instead of the seeded synthetic set",
+    )
     group.addoption("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     group.addoption(
         "--results-dir",
@@ -139,6 +144,7 @@ def settings_from(config: pytest.Config) -> RunSettings:
             results_dir=opt("results_dir"),
             seed=opt("seed"),
             model=opt("model"),
+            images=opt("images"),
             window=opt("window"),
             requests=opt("requests"),
             dims=opt("dim"),

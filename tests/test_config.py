@@ -56,3 +56,19 @@ def test_dims_and_engine_options_parse():
 def test_usage_errors(kw, message):
     with pytest.raises(UsageError, match=message):
         settings(**kw)
+
+
+def test_images_folder_is_resolved_and_recorded(tmp_path):
+    (tmp_path / "a.JPG").write_bytes(b"x")
+    s = settings(images=str(tmp_path))
+    assert s.images == tmp_path.resolve()
+    assert s.to_json()["images"] == str(tmp_path.resolve())
+    assert settings().to_json()["images"] is None
+
+
+def test_images_must_be_a_folder_with_images(tmp_path):
+    with pytest.raises(UsageError, match="is not a directory"):
+        settings(images=str(tmp_path / "nope"))
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(UsageError, match=r"holds no \.jpg, \.jpeg, \.png file"):
+        settings(images=str(tmp_path))

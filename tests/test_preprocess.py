@@ -91,3 +91,43 @@ def test_opencv_agrees_with_the_pil_reference_on_the_corpus():
     assert diff["mean_abs"] < 0.05
     assert diff["max_abs"] < 1.5
     assert preprocess.parity(ref, ref) == {"max_abs": 0.0, "mean_abs": 0.0}
+
+
+def test_worker_threads_and_staged_runs_give_the_same_batch():
+    corpus = [data for _, data in images.generate(images.CorpusSpec(count=5, large_share=0.0))]
+    for cls in (preprocess.PilPreprocessor, preprocess.OpenCvPreprocessor):
+        one = cls(threads=1)
+        three = cls(threads=3)
+        try:
+            expected, _ = one.run(corpus)
+            threaded, spent = three.run(corpus)
+            staged, walls = three.staged(corpus)
+        finally:
+            one.close()
+            three.close()
+        np.testing.assert_array_equal(threaded, expected)
+        np.testing.assert_array_equal(staged, expected)
+        assert set(spent) == set(walls) == set(preprocess.STAGES)
+        assert all(v > 0 for v in walls.values())
+        assert three.describe()["threads"] == 3
+
+
+def test_backends_are_made_by_name_and_say_why_they_cannot_run(monkeypatch):
+    pil = preprocess.make("pil", threads=2)
+    assert (pil.name, pil.describe()["threads"]) == ("pil", 2)
+    assert "pillow" in pil.describe()["versions"]
+    pil.close()
+    with pytest.raises(ValueError, match="no preprocessing backend 'magick'; have dali-cpu"):
+        preprocess.make("magick")
+    with pytest.raises(ValueError, match="threads"):
+        preprocess.PilPreprocessor(threads=0)
+    real = preprocess.importlib.import_module
+
+    def no_cv2(name: str):
+        if name == "cv2":
+            raise ImportError("No module named 'cv2'")
+        return real(name)
+
+    monkeypatch.setattr(preprocess.importlib, "import_module", no_cv2)
+    with pytest.raises(preprocess.Unavailable, match="pip install opencv-python-headless"):
+        preprocess.make("opencv")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.config import IMAGE_SUFFIXES
+
 SIZES = ((320, 240), (640, 480), (800, 600), (1024, 768), (480, 640), (1280, 720), (1920, 1080))
 LARGE = ((4032, 3024),)
 
@@ -101,7 +103,7 @@ def corpus_dir(spec: CorpusSpec) -> Path:
 
 def load(directory: Path) -> list[tuple[str, bytes]]:
     """Every JPEG and PNG file of ``directory``, sorted by name."""
-    files = sorted(p for p in directory.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    files = sorted(p for p in directory.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise ValueError(f"{directory} holds no .jpg, .jpeg or .png file")
     return [(p.name, p.read_bytes()) for p in files]

@@ -5,6 +5,9 @@ Contract (every backend): decode to RGB; resize so the shorter side is
 interpolation that antialiases when shrinking; center-crop ``Transform.crop`` square;
 subtract ``mean`` and divide by ``std`` per channel (0..255 scale); NCHW float32.
 
+The DALI backends (``workloads.dali``) resize with DALI's linear filter, antialiased,
+scale taken from the rounded output size (``subpixel_scale=False``, as PIL does).
+
 Backends differ only where their libraries do: PIL's bilinear filter widens its
 support when shrinking (a triangle filter over the source pixels), OpenCV's nearest
 equivalent is ``INTER_AREA`` (a box filter) when shrinking and ``INTER_LINEAR`` when
@@ -13,10 +16,13 @@ enlarging. Parity against the reference (PIL) is measured, never assumed.
 
 from __future__ import annotations
 
+import importlib
 import io
+import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,87 +63,180 @@ class Transform:
 
 
 class Preprocessor(Protocol):
-    """``run(images)`` -> (NCHW float32 batch, seconds per stage for the whole batch)."""
+    """One backend. ``run`` is the fast path a service would use; ``staged`` times every
+    stage apart (the same as ``run`` where the backend's fast path already does)."""
 
     name: str
+    transform: Transform
 
-    def run(self, images: Sequence[bytes]) -> tuple[Batch, dict[str, float]]: ...
+    def run(self, images: Sequence[bytes]) -> tuple[Batch, dict[str, float]]:
+        """-> (NCHW float32 batch, seconds per stage span for the whole batch)."""
+        ...
+
+    def staged(self, images: Sequence[bytes]) -> tuple[Batch, dict[str, float]]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
-def _timed_batch(
-    images: Sequence[bytes], t: Transform, decode: Any, resize: Any
-) -> tuple[Batch, dict[str, float]]:
-    spent = dict.fromkeys(STAGES, 0.0)
-    out = np.empty((len(images), 3, t.crop, t.crop), dtype=np.float32)
-    clock = time.perf_counter
-    for i, data in enumerate(images):
+class Unavailable(RuntimeError):
+    """The backend cannot run here; the message says why and what to install."""
+
+
+class _CpuBackend:
+    """Decode, resize+crop and normalize image by image; ``threads`` > 1 splits a batch
+    into contiguous slices, one per worker thread (the libraries release the GIL while
+    decoding and resizing). Stage seconds are summed over threads: cost, not wall time."""
+
+    name = "cpu"
+    interpolation = ""
+
+    def __init__(self, transform: Transform | None = None, threads: int = 1) -> None:
+        if threads < 1:
+            raise ValueError("threads must be >= 1")
+        self.transform = transform or Transform()
+        self.threads = threads
+        self._pool = (
+            ThreadPoolExecutor(threads, thread_name_prefix=self.name) if threads > 1 else None
+        )
+
+    def decode(self, data: bytes) -> Any:
+        raise NotImplementedError
+
+    def resize(self, image: Any) -> npt.NDArray[np.uint8]:
+        raise NotImplementedError
+
+    def _fill(self, out: Batch, images: Sequence[bytes], rows: range) -> dict[str, float]:
+        spent = dict.fromkeys(STAGES, 0.0)
+        clock = time.perf_counter
+        for i in rows:
+            t0 = clock()
+            decoded = self.decode(images[i])
+            t1 = clock()
+            cropped = self.resize(decoded)
+            t2 = clock()
+            out[i] = self.transform.normalize(cropped)
+            t3 = clock()
+            spent["decode"] += t1 - t0
+            spent["resize"] += t2 - t1
+            spent["normalize"] += t3 - t2
+        return spent
+
+    def run(self, images: Sequence[bytes]) -> tuple[Batch, dict[str, float]]:
+        t = self.transform
+        out = np.empty((len(images), 3, t.crop, t.crop), dtype=np.float32)
+        if self._pool is None or len(images) < 2:
+            return out, self._fill(out, images, range(len(images)))
+        bounds = np.linspace(0, len(images), min(self.threads, len(images)) + 1).astype(int)
+        parts = [
+            self._pool.submit(self._fill, out, images, range(lo, hi))
+            for lo, hi in itertools.pairwise(bounds)
+        ]
+        spent = dict.fromkeys(STAGES, 0.0)
+        for part in parts:
+            for stage, seconds in part.result().items():
+                spent[stage] += seconds
+        return out, spent
+
+    def staged(self, images: Sequence[bytes]) -> tuple[Batch, dict[str, float]]:
+        """Each stage over the whole batch before the next, ``threads`` at a time: wall
+        seconds per stage, the same measure as DALI's stage pipelines."""
+        t = self.transform
+        each = self._pool.map if self._pool is not None else map
+        clock = time.perf_counter
         t0 = clock()
-        rgb = decode(data)
+        decoded = list(each(self.decode, images))
         t1 = clock()
-        cropped = resize(rgb)
+        cropped = list(each(self.resize, decoded))
         t2 = clock()
-        out[i] = t.normalize(cropped)
+        out = np.stack(list(each(t.normalize, cropped)))
         t3 = clock()
-        spent["decode"] += t1 - t0
-        spent["resize"] += t2 - t1
-        spent["normalize"] += t3 - t2
-    return out, spent
+        return out, {"decode": t1 - t0, "resize": t2 - t1, "normalize": t3 - t2}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "threads": self.threads,
+            "interpolation": self.interpolation,
+            "transform": asdict(self.transform),
+            "versions": self.versions(),
+        }
+
+    def versions(self) -> dict[str, str]:
+        return {"numpy": np.__version__}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
 
 
-@dataclass(frozen=True)
-class PilPreprocessor:
+class PilPreprocessor(_CpuBackend):
     """The reference: Pillow decode, ``Image.resize(BILINEAR)`` (antialiased), NumPy."""
 
-    transform: Transform = Transform()
-    name: str = "pil"
+    name = "pil"
+    interpolation = "PIL BILINEAR (triangle filter widened when shrinking: antialiased)"
 
-    def run(self, images: Sequence[bytes]) -> tuple[Batch, dict[str, float]]:
-        from PIL import Image  # noqa: PLC0415
+    def __init__(self, transform: Transform | None = None, threads: int = 1) -> None:
+        self._image = _require("PIL.Image", "pillow", "preprocessing")
+        super().__init__(transform, threads)
 
+    def decode(self, data: bytes) -> Any:
+        return self._image.open(io.BytesIO(data)).convert("RGB")  # convert forces the decode
+
+    def resize(self, image: Any) -> npt.NDArray[np.uint8]:
         t = self.transform
+        w, h = t.size_for(*image.size)
+        small = image.resize((w, h), self._image.Resampling.BILINEAR)
+        x, y = t.crop_box(w, h)
+        return np.asarray(small.crop((x, y, x + t.crop, y + t.crop)))
 
-        def decode(data: bytes) -> Any:
-            img = Image.open(io.BytesIO(data))
-            return img.convert("RGB")  # forces the decode
-
-        def resize(img: Any) -> npt.NDArray[np.uint8]:
-            w, h = t.size_for(*img.size)
-            small = img.resize((w, h), Image.Resampling.BILINEAR)
-            x, y = t.crop_box(w, h)
-            return np.asarray(small.crop((x, y, x + t.crop, y + t.crop)))
-
-        return _timed_batch(images, t, decode, resize)
+    def versions(self) -> dict[str, str]:
+        return super().versions() | {"pillow": importlib.import_module("PIL").__version__}
 
 
-@dataclass(frozen=True)
-class OpenCvPreprocessor:
+class OpenCvPreprocessor(_CpuBackend):
     """OpenCV decode (BGR, converted to RGB), ``INTER_AREA`` shrinking, NumPy normalize."""
 
-    transform: Transform = Transform()
-    name: str = "opencv"
+    name = "opencv"
+    interpolation = "OpenCV INTER_AREA when shrinking (box filter), INTER_LINEAR enlarging"
 
-    def run(self, images: Sequence[bytes]) -> tuple[Batch, dict[str, float]]:
-        import cv2  # noqa: PLC0415
+    def __init__(self, transform: Transform | None = None, threads: int = 1) -> None:
+        self._cv2 = _require("cv2", "opencv-python-headless", "preprocessing")
+        # OpenCV's own thread pool would compete with ours; one variable at a time.
+        self._cv2.setNumThreads(1)
+        super().__init__(transform, threads)
 
-        t = self.transform
+    def decode(self, data: bytes) -> npt.NDArray[np.uint8]:
+        cv2 = self._cv2
+        bgr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise ValueError("OpenCV could not decode the image")
+        return np.asarray(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), dtype=np.uint8)
 
-        def decode(data: bytes) -> npt.NDArray[np.uint8]:
-            bgr = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
-            if bgr is None:
-                raise ValueError("OpenCV could not decode the image")
-            return np.asarray(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), dtype=np.uint8)
+    def resize(self, image: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+        cv2, t = self._cv2, self.transform
+        h0, w0 = image.shape[:2]
+        w, h = t.size_for(w0, h0)
+        shrink = w < w0 or h < h0
+        small = cv2.resize(
+            image, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+        )
+        x, y = t.crop_box(w, h)
+        return np.asarray(small[y : y + t.crop, x : x + t.crop], dtype=np.uint8)
 
-        def resize(rgb: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-            h0, w0 = rgb.shape[:2]
-            w, h = t.size_for(w0, h0)
-            shrink = w < w0 or h < h0
-            small = cv2.resize(
-                rgb, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
-            )
-            x, y = t.crop_box(w, h)
-            return np.asarray(small[y : y + t.crop, x : x + t.crop], dtype=np.uint8)
+    def versions(self) -> dict[str, str]:
+        return super().versions() | {"opencv": str(self._cv2.__version__)}
 
-        return _timed_batch(images, t, decode, resize)
+
+def _require(module: str, package: str, extra: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise Unavailable(
+            f"{module} is not installed ({exc}); pip install {package}"
+            f" (the harness's {extra!r} extra)"
+        ) from None
 
 
 def parity(out: Batch, reference: Batch) -> dict[str, float]:
@@ -146,3 +245,20 @@ def parity(out: Batch, reference: Batch) -> dict[str, float]:
         raise ValueError(f"shapes differ: {out.shape} vs {reference.shape}")
     diff = np.abs(out.astype(np.float64) - reference.astype(np.float64))
     return {"max_abs": float(diff.max()), "mean_abs": float(diff.mean())}
+
+
+BACKENDS = ("dali-cpu", "dali-gpu", "pil", "opencv")
+REFERENCE = "pil"
+
+
+def make(name: str, transform: Transform | None = None, threads: int = 1) -> Preprocessor:
+    """The backend ``name``; raises ``Unavailable`` with the reason where it cannot run."""
+    if name == "pil":
+        return PilPreprocessor(transform, threads)
+    if name == "opencv":
+        return OpenCvPreprocessor(transform, threads)
+    if name in ("dali-cpu", "dali-gpu"):
+        from workloads.dali import DaliPreprocessor  # noqa: PLC0415
+
+        return DaliPreprocessor(transform, threads, device=name.removeprefix("dali-"))
+    raise ValueError(f"no preprocessing backend {name!r}; have {', '.join(BACKENDS)}")
