@@ -20,7 +20,15 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("PIL")
 pytest.importorskip("cv2")
 
-HAVE_DALI = importlib.util.find_spec("nvidia.dali") is not None
+
+def _installed(module: str) -> bool:
+    try:  # find_spec of a dotted name raises when the parent package is absent
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+HAVE_DALI = _installed("nvidia.dali")
 CPU_BACKENDS = ("pil", "opencv", *(("dali-cpu",) if HAVE_DALI else ()))
 
 
