@@ -97,13 +97,14 @@ class NullEngine:
         pass
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "engine": self.name,
-            "version": "0",
+        settings = {
             "service_time_s": self.service_time,
             "token_time_s": self.token_time,
             "stall": {"at": self.stall_at, "seconds": self.stall_s} if self.stall_at else None,
+            "features": self.features,
         }
+        head = {"engine": self.name, "version": "0", "device": self.config.device}
+        return head | settings | {"effective": settings}
 
     def _next_call(self) -> float:
         """Counts the call; returns the extra seconds it stalls (0 but once)."""
@@ -122,9 +123,20 @@ class NullEngine:
         self.calls = 0  # stall_at counts measured calls only
 
     def infer(self, inputs: Arrays) -> dict[str, Any]:
+        x = self._checked(inputs)
         _wait(self.service_time + self._next_call())
-        rows = next(iter(inputs.values())).shape[0] if inputs else 1
-        return {"y": np.zeros((rows, 1), dtype=np.float32)}
+        return {"y": np.zeros((x.shape[0], 1), dtype=np.float32)}
+
+    def _checked(self, inputs: Arrays) -> Any:
+        """The one input ``x``, float32 [batch, features], or a ValueError saying what is off."""
+        if set(inputs) != {"x"}:
+            raise ValueError(f"null takes one input 'x', got {sorted(inputs)}")
+        x = inputs["x"]
+        if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != self.features:
+            raise ValueError(
+                f"null's x is float32 [batch, {self.features}], got {x.dtype} {list(x.shape)}"
+            )
+        return x
 
 
 class NullGenerativeEngine(NullEngine):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -50,6 +51,16 @@ OPTIONS = {
     "graph_optimization": f"one of {', '.join(OPT_LEVELS)} (default: all)",
     "provider": "on cuda devices: cuda (default) or tensorrt",
     "allow_spinning": "0 or 1: intra-op workers busy-wait between runs (default: 0, see below)",
+    "cuda_graph": "0/1 on cuda: capture and replay a CUDA graph per input shape (default 0)",
+    "tf32": "0/1 on the cuda provider: TF32 matmuls (ORT's default 1; here 0, fp32 as asked)",
+    "trt_fp16": "0/1 on the tensorrt provider: allow fp16 kernels (default 0)",
+    "trt_profiles": "tensorrt provider: one profile NAME=MIN:OPT:MAX[,...] (default batch=1:8:32)",
+    "dims": "NAME=N[,...]: sizes of named dynamic dims for the tensorrt provider's profile",
+    "trt_cache_dir": "tensorrt provider engine and timing caches"
+    " (default $HARNESS_CACHE_DIR/ort-trt)",
+    "quantize": "int8: dynamic quantization (onnxruntime.quantization: int8 weights, uint8"
+    " activations quantized per call), of a cached copy of the model",
+    "convert": "fp16: a cached fp16 copy of the model, inputs and outputs kept fp32",
 }
 
 # ORT's default (spinning on) lets idle intra-op workers busy-wait after each run. They
@@ -76,6 +87,61 @@ def _provider_for(device: str, options: Mapping[str, str]) -> str:
     return PROVIDERS[options.get("provider", "cuda")]
 
 
+def _flag(options: Mapping[str, str], key: str, default: str = "0") -> str:
+    return "1" if options.get(key, default) == "1" else "0"
+
+
+def provider_list(
+    device: str,
+    options: Mapping[str, str],
+    cache_dir: Path,
+    specs: tuple[TensorSpec, ...] = (),
+) -> list[tuple[str, dict[str, str]]]:
+    """Pure: the providers and their options for ``device``, first the one asked for.
+
+    The TensorRT provider is followed by the CUDA provider, so nodes TensorRT cannot take
+    run on the GPU (never silently on the CPU: the load checks what was activated)."""
+    if device == "cpu":
+        return [(PROVIDERS["cpu"], {})]
+    index = device.partition(":")[2] or "0"
+    cuda = {
+        "device_id": index,
+        "enable_cuda_graph": _flag(options, "cuda_graph"),
+        "use_tf32": _flag(options, "tf32"),
+        "cudnn_conv_algo_search": "EXHAUSTIVE",
+    }
+    if options.get("provider", "cuda") == "cuda":
+        return [(PROVIDERS["cuda"], cuda)]
+    trt = {
+        "device_id": index,
+        "trt_fp16_enable": _flag(options, "trt_fp16"),
+        "trt_engine_cache_enable": "1",
+        "trt_engine_cache_path": str(cache_dir),
+        "trt_timing_cache_enable": "1",
+        "trt_timing_cache_path": str(cache_dir),
+        "trt_cuda_graph_enable": _flag(options, "cuda_graph"),
+    }
+    if specs and any(s.dynamic_dims for s in specs):
+        from engines.trt_profiles import derive_all, parse_dims  # noqa: PLC0415
+
+        (profile,) = derive_all(specs, options.get("trt_profiles"), parse_dims(options.get("dims")))
+        trt |= profile.ort_options()
+    return [(PROVIDERS["tensorrt"], trt), (PROVIDERS["cuda"], cuda | {"enable_cuda_graph": "0"})]
+
+
+def _validate_derived(options: Mapping[str, str]) -> None:
+    """The options that change which model file runs: precision copies, TensorRT profile."""
+    if options.get("quantize", "int8") != "int8" or options.get("convert", "fp16") != "fp16":
+        raise ValueError("quantize takes int8 and convert takes fp16")
+    if "quantize" in options and "convert" in options:
+        raise ValueError("quantize and convert are alternatives: give one")
+    if "trt_profiles" in options:
+        from engines.trt_profiles import parse_ranges  # noqa: PLC0415
+
+        if len(parse_ranges(options["trt_profiles"])) != 1:
+            raise ValueError("trt_profiles: onnxruntime's TensorRT provider takes one profile")
+
+
 class OnnxRuntimeEngine:
     name: ClassVar[str] = "onnxruntime"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -89,6 +155,8 @@ class OnnxRuntimeEngine:
         self._threads: dict[str, int] = {}
         self._spinning = False
         self._opt_level = config.options.get("graph_optimization", "all")
+        self._graphs: dict[Any, tuple[Any, ...]] = {}
+        self._loaded_model: Path | None = None
 
     @classmethod
     def probe(cls, device: str) -> Availability:
@@ -121,8 +189,61 @@ class OnnxRuntimeEngine:
             raise ValueError(f"graph_optimization must be one of {', '.join(OPT_LEVELS)}")
         if options.get("provider", "cuda") not in ("cuda", "tensorrt"):
             raise ValueError("provider must be cuda or tensorrt")
-        if options.get("allow_spinning", DEFAULT_SPINNING) not in ("0", "1"):
-            raise ValueError("allow_spinning must be 0 or 1")
+        for key in ("allow_spinning", "cuda_graph", "tf32", "trt_fp16"):
+            if options.get(key, "0") not in ("0", "1"):
+                raise ValueError(f"{key} must be 0 or 1")
+        _validate_derived(options)
+
+    @classmethod
+    def precision_options(cls, name: str, device: str) -> dict[str, str]:
+        if name == "fp32":
+            return {}
+        if name == "int8":
+            if device != "cpu":
+                raise ValueError(
+                    "dynamic int8 (ConvInteger / MatMulInteger) has no CUDA kernels in"
+                    " onnxruntime: those nodes would run on the CPU; use TensorRT for int8"
+                )
+            return {"quantize": "int8"}
+        if name == "fp16":
+            if device == "cpu":
+                raise ValueError(
+                    "onnxruntime's CPU provider has few fp16 kernels (an fp16 model runs"
+                    " through casts to fp32): fp16 is measured on cuda"
+                )
+            return {"convert": "fp16"}
+        raise ValueError(f"onnxruntime has no {name} path (models are fp32, fp16 or int8)")
+
+    def _derived_model(self) -> Path:
+        """The model the session loads: the given file, or its cached int8 / fp16 copy."""
+        source = self.config.model
+        kind = self.config.options.get("quantize") or self.config.options.get("convert")
+        if not kind:
+            return source
+        digest = _sha256(source) or "unreadable"
+        target = self._cache_root() / "ort-derived" / f"{source.stem}-{digest[:16]}-{kind}.onnx"
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")
+            if kind == "int8":
+                from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
+
+                quantize_dynamic(str(source), str(tmp), weight_type=QuantType.QInt8)
+            else:
+                import onnx  # noqa: PLC0415
+                from onnxruntime.transformers.float16 import (  # noqa: PLC0415
+                    convert_float_to_float16,
+                )
+
+                half = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
+                onnx.save(half, str(tmp))
+            os.replace(tmp, target)
+        return target
+
+    def _cache_root(self) -> Path:
+        return Path(
+            os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "inference-harness"
+        )
 
     def _session_options(self) -> onnxruntime.SessionOptions:
         import onnxruntime  # noqa: PLC0415
@@ -152,13 +273,21 @@ class OnnxRuntimeEngine:
         if not self.config.model.is_file():
             raise EngineError(f"model {self.config.model} is not an ONNX file")
         wanted = _provider_for(self.config.device, self.config.options)
-        providers: list[Any] = [wanted]
-        if wanted != PROVIDERS["cpu"]:
-            index = self.config.device.partition(":")[2] or "0"
-            providers = [(wanted, {"device_id": index})]
+        specs: tuple[TensorSpec, ...] = ()
+        if wanted == PROVIDERS["tensorrt"]:
+            from engines.onnxinfo import read_specs  # noqa: PLC0415
+
+            specs = read_specs(self.config.model)[0]
         try:
+            providers: list[Any] = provider_list(
+                self.config.device, self.config.options, self._trt_cache(), specs
+            )
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+        try:
+            self._loaded_model = self._derived_model()
             session = onnxruntime.InferenceSession(
-                str(self.config.model), sess_options=self._session_options(), providers=providers
+                str(self._loaded_model), sess_options=self._session_options(), providers=providers
             )
         except Exception as exc:
             raise EngineError(f"onnxruntime could not load {self.config.model}: {exc}") from exc
@@ -197,8 +326,65 @@ class OnnxRuntimeEngine:
 
     def infer(self, inputs: Arrays) -> dict[str, npt.NDArray[Any]]:
         names = [o.name for o in self.session.get_outputs()]
-        outputs = self.session.run(names, dict(inputs))
-        return dict(zip(names, outputs, strict=True))
+        if self.config.device == "cpu":
+            outputs = self.session.run(names, dict(inputs))
+            return dict(zip(names, outputs, strict=True))
+        if self.config.options.get("cuda_graph", "0") == "1":
+            return self._replay(inputs, names)
+        return self._bound(inputs, names)
+
+    def _device_index(self) -> int:
+        return int(self.config.device.partition(":")[2] or 0)
+
+    def _bound(self, inputs: Arrays, names: list[str]) -> dict[str, npt.NDArray[Any]]:
+        """IOBinding: inputs copied to the device explicitly, outputs left there by ORT and
+        copied back at the end, so no copy happens unseen inside ``run``."""
+        from onnxruntime import OrtValue  # noqa: PLC0415
+
+        index = self._device_index()
+        binding = self.session.io_binding()
+        for name, array in inputs.items():
+            binding.bind_ortvalue_input(name, OrtValue.ortvalue_from_numpy(array, "cuda", index))
+        for name in names:
+            binding.bind_output(name, "cuda", index)
+        self.session.run_with_iobinding(binding)
+        return dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
+
+    def _replay(self, inputs: Arrays, names: list[str]) -> dict[str, npt.NDArray[Any]]:
+        """CUDA graphs need the same device addresses every run: one set of input and
+        output buffers and one ``gpu_graph_id`` per input shape, captured on first use."""
+        import onnxruntime  # noqa: PLC0415
+
+        key = tuple((n, a.shape, a.dtype.str) for n, a in sorted(inputs.items()))
+        if key not in self._graphs:
+            self._graphs[key] = self._graph_slot(inputs, names, len(self._graphs) + 1)
+        binding, in_values, out_values, graph_id = self._graphs[key]
+        for name, array in inputs.items():
+            in_values[name].update_inplace(np.ascontiguousarray(array))
+        run_options = onnxruntime.RunOptions()
+        run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        self.session.run_with_iobinding(binding, run_options)
+        return {name: out_values[name].numpy() for name in names}
+
+    def _graph_slot(self, inputs: Arrays, names: list[str], graph_id: int) -> tuple[Any, ...]:
+        from onnxruntime import OrtValue  # noqa: PLC0415
+
+        index = self._device_index()
+        shapes = self._bound(inputs, names)  # output shapes for this input shape
+        in_values = {n: OrtValue.ortvalue_from_numpy(a, "cuda", index) for n, a in inputs.items()}
+        out_values = {
+            n: OrtValue.ortvalue_from_shape_and_type(a.shape, a.dtype, "cuda", index)
+            for n, a in shapes.items()
+        }
+        binding = self.session.io_binding()
+        for name, value in in_values.items():
+            binding.bind_ortvalue_input(name, value)
+        for name, value in out_values.items():
+            binding.bind_ortvalue_output(name, value)
+        return binding, in_values, out_values, graph_id
+
+    def _trt_cache(self) -> Path:
+        return Path(self.config.options.get("trt_cache_dir") or self._cache_root() / "ort-trt")
 
     def describe(self) -> dict[str, Any]:
         import onnxruntime  # noqa: PLC0415
@@ -215,6 +401,20 @@ class OnnxRuntimeEngine:
             "model": {"path": str(self.config.model), "sha256": _sha256(self.config.model)},
         }
         if self._session is not None:
+            info["effective"] = {
+                "model_loaded": str(self._loaded_model),
+                "precision": {
+                    "quantize": "dynamic int8 (weights int8, activations uint8)",
+                    "convert": "fp16 (io kept fp32)",
+                }.get(
+                    next((k for k in ("quantize", "convert") if k in self.config.options), ""),
+                    "as the model",
+                ),
+                "providers": self._session.get_providers(),
+                "threads": dict(self._threads),
+                "allow_spinning": self._spinning,
+                "graph_optimization": self._opt_level,
+            }
             info["active_providers"] = self._session.get_providers()
             info["provider_options"] = _strs(self._session.get_provider_options())
             info["inputs"] = [_spec_json(s) for s in self.input_specs()]
@@ -222,6 +422,7 @@ class OnnxRuntimeEngine:
         return info
 
     def close(self) -> None:
+        self._graphs.clear()
         self._session = None
 
 

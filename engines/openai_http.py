@@ -222,7 +222,15 @@ class OpenAIEngine:
     def describe(self) -> dict[str, Any]:
         return {
             "engine": self.name,
-            "version": self._server_version,
+            "version": self._server_version or "unknown (the server answers no /version)",
+            "device": self.config.device,
+            "effective": {
+                "base_url": self.base_url,
+                "served_model": self.served_model,
+                "api": self.api,
+                "ignore_eos_field": self.ignore_eos_field,
+                "timeout_s": self.timeout,
+            },
             "base_url": self.base_url,
             "served_model": self.served_model,
             "api": self.api,

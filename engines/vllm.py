@@ -112,6 +112,15 @@ class VllmEngine:
         if options.get("dtype", "auto") not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError("dtype must be auto, bfloat16, float16 or float32")
 
+    @classmethod
+    def precision_options(cls, name: str, device: str) -> dict[str, str]:
+        dtypes = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+        if name not in dtypes:
+            raise ValueError(f"vllm runs fp32, bf16 or fp16 weights, not {name} (dtype)")
+        if name == "fp16" and not device.startswith("cuda"):
+            raise ValueError("vllm on cpu computes in fp32 or bf16; fp16 is measured on cuda")
+        return {"dtype": dtypes[name]}
+
     def engine_args(self) -> dict[str, Any]:
         """The AsyncEngineArgs this adapter asks for (pure: unit-tested without vLLM)."""
         o = self.options

@@ -8,28 +8,37 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness import registry, report
+from harness.engine import Availability
 from harness.records import RecordError
 
 
 def _engines(args: argparse.Namespace, console: Console) -> int:
-    table = Table(title=f"registered engines (device {args.device})")
-    for col in ("engine", "family", "devices", "available here", "reason", "adapter"):
+    devices = [args.device] if args.device else ["cpu", "cuda"]
+    table = Table(title="registered engines: can each run here, and if not, why")
+    for col in ("engine", "family", "devices", *devices, "adapter"):
         table.add_column(col)
-    rows = [registry.status(name, args.device) for name in registry.names()]
-    for row in rows:
+    names = registry.names()
+    for name in names:
+        statuses = [registry.status(name, device) for device in devices]
+        first = statuses[0]
         table.add_row(
-            row.name,
-            row.family,
-            ",".join(row.devices),
-            "yes" if row.availability.available else "no",
-            row.availability.reason,
-            row.source,
+            first.name,
+            first.family,
+            ",".join(first.devices),
+            *(_availability(s.availability) for s in statuses),
+            first.source,
         )
     console.print(table)
-    return 0 if rows else 1
+    return 0 if names else 1
+
+
+def _availability(avail: Availability) -> str:
+    # reasons hold pip extras such as "inference-harness[torch]": not rich markup
+    return "yes" if avail.available else escape(f"no: {avail.reason}")
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
@@ -51,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     eng = sub.add_parser("engines", help="list registered engines and whether they can run here")
-    eng.add_argument("--device", default="cpu", help="device to probe for (default: cpu)")
+    eng.add_argument("--device", help="one device to probe for (default: cpu and cuda)")
     eng.set_defaults(func=_engines)
     rep = sub.add_parser("report", help="write matrix.md and matrix.csv into each run directory")
     rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")

@@ -135,6 +135,28 @@ class TensorSpec:
         return tuple(i for i, d in enumerate(self.shape) if not isinstance(d, int) or d < 0)
 
 
+def check_inputs(specs: tuple[TensorSpec, ...], inputs: Arrays) -> list[npt.NDArray[Any]]:
+    """The inputs in spec order, or a ValueError naming what does not match."""
+    names = [s.name for s in specs]
+    if set(inputs) != set(names):
+        raise ValueError(f"expected inputs {names}, got {sorted(inputs)}")
+    out = []
+    for spec in specs:
+        array = inputs[spec.name]
+        if array.dtype != spec.dtype or array.ndim != len(spec.shape):
+            raise ValueError(
+                f"input {spec.name}: expected {spec.dtype} of rank {len(spec.shape)},"
+                f" got {array.dtype} {list(array.shape)}"
+            )
+        for got, want in zip(array.shape, spec.shape, strict=True):
+            if isinstance(want, int) and want > 0 and got != want:
+                raise ValueError(
+                    f"input {spec.name}: shape {list(array.shape)} vs {list(spec.shape)}"
+                )
+        out.append(array)
+    return out
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """What the user asked for; ``describe()`` reports what the engine actually used."""
@@ -241,6 +263,28 @@ class GenerativeEngine(Engine, Protocol):
     """Streams chunks as they are produced so TTFT and ITL are measured token by token."""
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]: ...
+
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+
+
+@runtime_checkable
+class DeclaresPrecisions(Protocol):
+    """An engine that can run a model at other precisions than the model's own.
+
+    ``precision_options(name, device)`` returns the adapter options that select precision
+    ``name`` (one of ``PRECISIONS``) on ``device``, or raises ``ValueError`` saying why
+    the engine cannot (the precision workload skips with that reason)::
+
+        @classmethod
+        def precision_options(cls, name: str, device: str) -> dict[str, str]:
+            if name == "bf16":
+                return {"dtype": "bfloat16"}
+            raise ValueError(f"{cls.name} has no {name} path")
+    """
+
+    @classmethod
+    def precision_options(cls, name: str, device: str) -> dict[str, str]: ...
 
 
 @runtime_checkable

@@ -6,10 +6,12 @@ third-party engine is a package with one entry point and no change here.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import cast
 
 from harness.engine import Availability, EngineFactory
@@ -39,7 +41,22 @@ class EngineStatus:
 
 
 def _entry_points() -> dict[str, str]:
-    return {ep.name: ep.value for ep in entry_points(group=GROUP)}
+    found = {ep.name: ep.value for ep in entry_points(group=GROUP)}
+    return found or _source_tree_entry_points()
+
+
+def _source_tree_entry_points() -> dict[str, str]:
+    """The built-ins from pyproject.toml when the package is not installed (a bare source
+    tree on a machine that may only use the packages it has, e.g. scripts/gpu-check)."""
+    import tomllib  # noqa: PLC0415
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        data = tomllib.loads(pyproject.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    table = data.get("project", {}).get("entry-points", {}).get(GROUP, {})
+    return {str(k): str(v) for k, v in table.items()}
 
 
 def names() -> list[str]:
@@ -51,10 +68,11 @@ def load(name: str) -> EngineFactory:
     """The adapter class for ``name``; importing it must not import the engine itself."""
     if name in _extra:
         return _extra[name]
-    for ep in entry_points(group=GROUP):
-        if ep.name == name:
-            return cast(EngineFactory, ep.load())
-    raise UnknownEngine(name, names())
+    target = _entry_points().get(name)
+    if target is None:
+        raise UnknownEngine(name, names())
+    module, _, attr = target.partition(":")
+    return cast(EngineFactory, getattr(importlib.import_module(module), attr))
 
 
 @contextmanager

@@ -49,3 +49,24 @@ def test_module_entry_point_runs():
     )
     assert proc.returncode == 0
     assert "onnxruntime" in proc.stdout
+
+
+def test_engines_lists_every_builtin_with_a_reason_per_device(capsys):
+    assert cli.main(["engines"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name in ("onnxruntime", "torch", "vllm", "openai", "tensorrt", "tensorrt-llm", "lmdeploy"):
+        assert f"│ {name} " in out
+    # GPU-only engines say why on either device; pip extras survive rich's markup
+    assert "no: tensorrt does not support device 'cpu'" in out
+    assert "no: lmdeploy does not support device 'cpu'" in out
+    if "inference-harness[torch]" not in out:
+        assert "torch" in out  # torch installed here: it is available
+
+
+def test_a_bare_source_tree_finds_the_builtin_engines(monkeypatch):
+    from harness import registry  # noqa: PLC0415
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [])
+    names = registry.names()
+    assert {"onnxruntime", "torch", "tensorrt", "lmdeploy", "null"} <= set(names)
+    assert registry.load("null").name == "null"

@@ -28,7 +28,7 @@ def fakes():
     [
         (
             ["--engine=nope"],
-            "unknown engine 'nope'; registered engines: null, null-gen, onnxruntime",
+            "unknown engine 'nope'; registered engines: lmdeploy, null, null-gen, onnxruntime",
         ),
         (["--engine=onnxruntime,nope"], "unknown engine 'nope'"),
         (["--profile=slow"], "--profile 'slow' is not a profile; choose one of: quick, full"),
@@ -57,7 +57,7 @@ def test_unknown_engine_lists_every_registered_engine(pytester, fakes):
     result = pytester.runpytest("--engine=nope")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["*registered engines: fake-generative, fake-tensor, fake-unavailable, null, null-gen*"]
+        ["*registered engines: fake-generative, fake-tensor, fake-unavailable, lmdeploy, null*"]
     )
 
 

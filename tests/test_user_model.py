@@ -27,7 +27,7 @@ def test_user_model_runs_both_workloads(tmp_path, user_model):
         "--window=1.5",
         "--requests=40",
         "-k",
-        "rate100 or user-model",
+        "rate100 or (test_shapes.py and user-model)",
     )
     assert run.returncode == 0, run.stdout[-3000:]
     statuses = {cid: r.status for cid, r in run.records.items()}

@@ -26,6 +26,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, CellR
         "--requests=120",
         "--ignore=workloads/test_load.py",  # tests/test_load_onnxruntime.py runs it
         "--ignore=workloads/test_preprocessing.py",  # tests/test_preprocessing_run.py runs it
+        "--ignore=workloads/test_precision.py",  # tests/test_precision_run.py runs it
     )
     assert result.returncode == 0, result.stdout[-4000:]
     return result.run_dir, result.records, result.stdout

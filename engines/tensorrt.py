@@ -1,0 +1,471 @@
+"""TensorRT: an engine built from ONNX with optimization profiles, cached, run with
+``execute_async_v3`` on its own CUDA stream.
+
+Build: the ONNX parser fills a network; every dynamic input gets (min, opt, max) shapes
+from ``engines.trt_profiles`` (several profiles allowed); a persistent timing cache makes
+rebuilds fast; the serialized engine is cached under a key of ONNX hash, TensorRT
+version, GPU, profiles and builder settings. Build time is its own figure in
+``describe()`` (``build_s``), never inside a latency.
+
+Precision: TensorRT 10 still takes ``BuilderFlag.FP16`` on a weakly typed network;
+TensorRT 11 builds strongly typed networks only (the ONNX model's types decide), so there
+``precision=fp16`` asks for an fp16 model instead. The API is detected, not assumed.
+
+Run: device buffers and pinned host buffers are allocated once, at the largest shapes
+of every profile; each ``infer`` copies inputs host-to-device, enqueues, copies outputs
+back and synchronizes the stream. CUDA events around the three parts give ``h2d``,
+``compute`` and ``d2h`` device times, as trtexec reports them (``device_times()``).
+``cuda_graph=1`` captures one graph per input shape after a plain enqueue, and replays it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import importlib
+import importlib.util
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from engines import trt_profiles
+from engines.onnxinfo import read_specs
+from harness.engine import (
+    Arrays,
+    Availability,
+    Capabilities,
+    EngineConfig,
+    EngineError,
+    Family,
+    TensorSpec,
+    check_inputs,
+    reject_unknown_options,
+)
+
+OPTIONS = {
+    "profiles": "optimization profiles NAME=MIN:OPT:MAX[,...][;...] (default batch=1:8:32;"
+    " a named dim not given is 1:N:N from dims=NAME=N)",
+    "dims": "NAME=N[,...]: sizes of named dynamic dims (what --dim gives other engines)",
+    "precision": "fp32 (default) or fp16 (TensorRT 10: FP16 builder flag; TensorRT 11: refused,"
+    " give an fp16 ONNX model: networks are strongly typed)",
+    "cuda_graph": "0/1: capture and replay a CUDA graph per input shape (default 0)",
+    "workspace_mib": "builder workspace memory pool limit in MiB (default 4096)",
+    "optimization_level": "builder optimization level 0-5 (default 3)",
+    "cache_dir": "engine and timing caches (default $HARNESS_CACHE_DIR/tensorrt)",
+}
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What the builder is asked for, derived from the options and the TensorRT major."""
+
+    strongly_typed: bool
+    builder_flags: tuple[str, ...]
+    workspace_bytes: int
+    optimization_level: int
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "strongly_typed": self.strongly_typed,
+            "builder_flags": list(self.builder_flags),
+            "workspace_bytes": self.workspace_bytes,
+            "optimization_level": self.optimization_level,
+        }
+
+
+def build_plan(options: Mapping[str, str], trt_major: int) -> BuildPlan:
+    """Pure: the network and builder settings for ``options`` on TensorRT ``trt_major``."""
+    precision = options.get("precision", "fp32")
+    flags: tuple[str, ...] = ()
+    if precision == "fp16":
+        if trt_major >= 11:
+            raise ValueError(
+                "TensorRT 11 removed the FP16 builder flag (networks are strongly typed):"
+                " convert the ONNX model to fp16 and build it with precision=fp32"
+            )
+        flags = ("FP16",)
+    return BuildPlan(
+        strongly_typed=trt_major >= 11,
+        builder_flags=flags,
+        workspace_bytes=int(options.get("workspace_mib", "4096")) * 2**20,
+        optimization_level=int(options.get("optimization_level", "3")),
+    )
+
+
+# -- CUDA runtime through cuda-python -------------------------------------------------------
+
+
+def _cudart() -> Any:
+    """cuda-python's runtime module: ``cuda.bindings.runtime`` (12.6+), else ``cuda.cudart``."""
+    for name in ("cuda.bindings.runtime", "cuda.cudart"):
+        with contextlib.suppress(ImportError):
+            return importlib.import_module(name)
+    raise EngineError("cuda-python is not installed (pip install cuda-python)")
+
+
+def _check(result: Any) -> Any:
+    """cuda-python returns (error, *values): raise on an error, return the value(s)."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    code: Any = getattr(err, "value", err)
+    if int(code) != 0:
+        cudart = _cudart()
+        name = cudart.cudaGetErrorName(err)[1]
+        raise EngineError(f"CUDA error {name.decode() if isinstance(name, bytes) else name}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@dataclass
+class _Buffer:
+    """One IO tensor: device memory and a pinned host mirror, sized for its largest shape."""
+
+    name: str
+    dtype: np.dtype[Any]
+    nbytes: int
+    device: int = 0
+    host: int = 0
+
+    def allocate(self, cudart: Any) -> None:
+        self.device = int(_check(cudart.cudaMalloc(self.nbytes)))
+        self.host = int(_check(cudart.cudaMallocHost(self.nbytes)))
+
+    def view(self, shape: tuple[int, ...]) -> npt.NDArray[Any]:
+        count = int(np.prod(shape)) if shape else 1
+        raw: Any = (ctypes.c_byte * (count * self.dtype.itemsize)).from_address(self.host)
+        return np.frombuffer(raw, dtype=self.dtype, count=count).reshape(shape)
+
+    def free(self, cudart: Any) -> None:
+        if self.device:
+            cudart.cudaFree(self.device)
+        if self.host:
+            cudart.cudaFreeHost(self.host)
+        self.device = self.host = 0
+
+
+class TensorRTEngine:
+    name: ClassVar[str] = "tensorrt"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        family=Family.TENSOR, devices=frozenset({"cuda"}), dynamic_shapes=True
+    )
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.validate_options(config.options)
+        self.config = config
+        self.options = dict(config.options)
+        self._inputs: tuple[TensorSpec, ...] = ()
+        self._outputs: tuple[TensorSpec, ...] = ()
+        self._profiles: list[trt_profiles.Profile] = []
+        self._engine: Any = None
+        self._context: Any = None
+        self._stream: Any = None
+        self._events: list[Any] = []
+        self._buffers: dict[str, _Buffer] = {}
+        self._graphs: dict[Any, Any] = {}
+        self._active_profile = -1
+        self._last: dict[str, float] = {}
+        self._info: dict[str, Any] = {}
+
+    @classmethod
+    def probe(cls, device: str) -> Availability:
+        if importlib.util.find_spec("tensorrt") is None:
+            return Availability(
+                False,
+                "tensorrt is not installed (pip install tensorrt-cu12 or tensorrt-cu13, by the"
+                " driver's CUDA version, on a machine with an NVIDIA GPU)",
+            )
+        try:
+            cudart = _cudart()
+            count = int(_check(cudart.cudaGetDeviceCount()))
+        except EngineError as exc:
+            return Availability(False, f"tensorrt needs an NVIDIA GPU: {exc}")
+        if count < 1:
+            return Availability(False, "tensorrt needs an NVIDIA GPU; none found")
+        return Availability(True)
+
+    @classmethod
+    def validate_options(cls, options: Mapping[str, str]) -> None:
+        reject_unknown_options(options, OPTIONS)
+        if options.get("precision", "fp32") not in ("fp32", "fp16"):
+            raise ValueError("precision must be fp32 or fp16")
+        if options.get("cuda_graph", "0") not in ("0", "1"):
+            raise ValueError("cuda_graph must be 0 or 1")
+        for key, low, high in (("workspace_mib", 1, 2**20), ("optimization_level", 0, 5)):
+            value = options.get(key)
+            if value is not None and not (value.isdigit() and low <= int(value) <= high):
+                raise ValueError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
+        if "profiles" in options:
+            trt_profiles.parse_ranges(options["profiles"])
+        trt_profiles.parse_dims(options.get("dims"))
+
+    @classmethod
+    def precision_options(cls, name: str, device: str) -> dict[str, str]:
+        if name in ("fp32", "fp16"):
+            return {"precision": name}
+        raise ValueError(
+            f"tensorrt {name} needs a model carrying it (int8: Q/DQ nodes; bf16: a bf16"
+            " ONNX model); the adapter builds fp32 models and fp16 through the builder flag"
+        )
+
+    # -- build ---------------------------------------------------------------------------------
+
+    def _cache_dir(self) -> Path:
+        root = os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "inference-harness"
+        return Path(self.options.get("cache_dir") or Path(root) / "tensorrt")
+
+    def _gpu(self, cudart: Any) -> str:
+        index = int(self.config.device.partition(":")[2] or 0)
+        _check(cudart.cudaSetDevice(index))
+        props = _check(cudart.cudaGetDeviceProperties(index))
+        name = props.name.decode() if isinstance(props.name, bytes) else str(props.name)
+        return f"{name.strip(chr(0))} sm_{props.major}{props.minor}"
+
+    def load(self) -> None:
+        import tensorrt as trt  # noqa: PLC0415
+
+        path = self.config.model
+        if path.suffix != ".onnx" or not path.is_file():
+            raise EngineError(f"tensorrt builds from an ONNX file; {path} is not one")
+        cudart = _cudart()
+        gpu = self._gpu(cudart)
+        major = int(trt.__version__.split(".")[0])
+        try:
+            plan = build_plan(self.options, major)
+            self._inputs, self._outputs = read_specs(path)
+            dims = trt_profiles.parse_dims(self.options.get("dims"))
+            self._profiles = trt_profiles.derive_all(
+                self._inputs, self.options.get("profiles"), dims
+            )
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+        data = path.read_bytes()
+        key = trt_profiles.cache_key(
+            hashlib.sha256(data).hexdigest(), trt.__version__, gpu, self._profiles, plan.settings()
+        )
+        engine_file = self._cache_dir() / f"{path.stem}-{key}.engine"
+        logger = trt.Logger(trt.Logger.WARNING)
+        started = time.perf_counter()
+        if engine_file.is_file():
+            serialized, cache = engine_file.read_bytes(), "hit"
+        else:
+            serialized, cache = self._build(trt, logger, data, plan, gpu), "miss"
+            _write_atomic(engine_file, serialized)
+        build_s = time.perf_counter() - started if cache == "miss" else 0.0
+        self._engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
+        if self._engine is None:
+            raise EngineError(f"TensorRT could not deserialize {engine_file}")
+        self._context = self._engine.create_execution_context()
+        self._stream = _check(cudart.cudaStreamCreate())
+        self._events = [_check(cudart.cudaEventCreate()) for _ in range(4)]
+        self._allocate(cudart)
+        self._info = {
+            "gpu": gpu,
+            "api_major": major,
+            "build": plan.settings(),
+            "build_s": round(build_s, 3),
+            "engine_cache": {"file": str(engine_file), "result": cache},
+            "profiles": [p.ort_options() for p in self._profiles],
+            "cuda_graph": self.options.get("cuda_graph", "0") == "1",
+        }
+
+    def _build(self, trt: Any, logger: Any, onnx_bytes: bytes, plan: BuildPlan, gpu: str) -> bytes:
+        builder = trt.Builder(logger)
+        flags = 0
+        if plan.strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+            flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+        network = builder.create_network(flags)
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse(onnx_bytes, str(self.config.model)):
+            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            raise EngineError(f"TensorRT's ONNX parser refused {self.config.model}: {errors}")
+        config = builder.create_builder_config()
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, plan.workspace_bytes)
+        config.builder_optimization_level = plan.optimization_level
+        for flag in plan.builder_flags:
+            config.set_flag(getattr(trt.BuilderFlag, flag))
+        for profile in self._profiles:
+            trt_profile = builder.create_optimization_profile()
+            for name, (low, opt, high) in profile.shapes.items():
+                trt_profile.set_shape(name, low, opt, high)
+            if config.add_optimization_profile(trt_profile) < 0:
+                raise EngineError(f"TensorRT refused the optimization profile {profile.shapes}")
+        timing_file = self._cache_dir() / f"timing-{trt.__version__}-{gpu.replace(' ', '_')}.cache"
+        timing = config.create_timing_cache(
+            timing_file.read_bytes() if timing_file.is_file() else b""
+        )
+        config.set_timing_cache(timing, False)
+        serialized = builder.build_serialized_network(network, config)
+        if serialized is None:
+            raise EngineError(f"TensorRT could not build an engine from {self.config.model}")
+        _write_atomic(timing_file, bytes(memoryview(config.get_timing_cache().serialize())))
+        return bytes(memoryview(serialized))
+
+    def _allocate(self, cudart: Any) -> None:
+        """Buffers sized for the largest shape any profile allows, allocated once."""
+        largest: dict[str, int] = {}
+        for index, profile in enumerate(self._profiles):
+            self._select(index)
+            for name, (_, _, high) in profile.shapes.items():
+                if not self._context.set_input_shape(name, high):
+                    raise EngineError(f"TensorRT refused shape {high} for {name}")
+            for spec in (*self._inputs, *self._outputs):
+                shape = tuple(self._context.get_tensor_shape(spec.name))
+                nbytes = int(np.prod(shape)) * spec.dtype.itemsize
+                largest[spec.name] = max(largest.get(spec.name, 0), nbytes)
+        for spec in (*self._inputs, *self._outputs):
+            buffer = _Buffer(spec.name, spec.dtype, max(largest[spec.name], 1))
+            buffer.allocate(cudart)
+            self._buffers[spec.name] = buffer
+            if not self._context.set_tensor_address(spec.name, buffer.device):
+                raise EngineError(f"TensorRT refused the address of {spec.name}")
+
+    def _select(self, index: int) -> None:
+        if index != self._active_profile:
+            self._context.set_optimization_profile_async(index, int(self._stream))
+            _check(_cudart().cudaStreamSynchronize(self._stream))
+            self._active_profile = index
+
+    # -- run -----------------------------------------------------------------------------------
+
+    def input_specs(self) -> tuple[TensorSpec, ...]:
+        self._loaded()
+        return self._inputs
+
+    def output_specs(self) -> tuple[TensorSpec, ...]:
+        self._loaded()
+        return self._outputs
+
+    def _loaded(self) -> None:
+        if self._context is None:
+            raise EngineError("engine not loaded: call load() first")
+
+    def warmup(self, inputs: Arrays, iterations: int) -> None:
+        for _ in range(iterations):
+            self.infer(inputs)
+
+    def device_times(self) -> dict[str, float]:
+        return dict(self._last)
+
+    def infer(self, inputs: Arrays) -> dict[str, npt.NDArray[Any]]:
+        self._loaded()
+        cudart = _cudart()
+        arrays = dict(
+            zip((s.name for s in self._inputs), check_inputs(self._inputs, inputs), strict=True)
+        )
+        shapes = {name: tuple(a.shape) for name, a in arrays.items()}
+        try:
+            self._select(trt_profiles.select_profile(self._profiles, shapes))
+        except ValueError as exc:
+            raise ValueError(f"{exc}; the engine was built for {self._info['profiles']}") from None
+        for name, shape in shapes.items():
+            if not self._context.set_input_shape(name, shape):
+                raise ValueError(f"TensorRT refused input shape {shape} for {name}")
+        out_shapes = {s.name: tuple(self._context.get_tensor_shape(s.name)) for s in self._outputs}
+        h2d, d2h = (
+            cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
+            cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+        )
+        stream, ev = self._stream, self._events
+        _check(cudart.cudaEventRecord(ev[0], stream))
+        for name, array in arrays.items():
+            buffer = self._buffers[name]
+            buffer.view(array.shape)[...] = array
+            _check(cudart.cudaMemcpyAsync(buffer.device, buffer.host, array.nbytes, h2d, stream))
+        _check(cudart.cudaEventRecord(ev[1], stream))
+        self._enqueue(cudart, shapes)
+        _check(cudart.cudaEventRecord(ev[2], stream))
+        for name, shape in out_shapes.items():
+            buffer = self._buffers[name]
+            nbytes = int(np.prod(shape)) * buffer.dtype.itemsize
+            _check(cudart.cudaMemcpyAsync(buffer.host, buffer.device, nbytes, d2h, stream))
+        _check(cudart.cudaEventRecord(ev[3], stream))
+        _check(cudart.cudaStreamSynchronize(stream))
+        parts = zip(("h2d_s", "compute_s", "d2h_s"), range(3), strict=True)
+        self._last = {
+            k: _check(cudart.cudaEventElapsedTime(ev[i], ev[i + 1])) / 1e3 for k, i in parts
+        }
+        return {name: self._buffers[name].view(shape).copy() for name, shape in out_shapes.items()}
+
+    def _enqueue(self, cudart: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        if self.options.get("cuda_graph", "0") != "1":
+            if not self._context.execute_async_v3(int(self._stream)):
+                raise EngineError("TensorRT execute_async_v3 failed")
+            return
+        key = (self._active_profile, tuple(sorted(shapes.items())))
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(cudart)
+        _check(cudart.cudaGraphLaunch(self._graphs[key], self._stream))
+
+    def _capture(self, cudart: Any) -> Any:
+        """As trtexec does: one plain enqueue first, so setup work is not captured."""
+        if not self._context.execute_async_v3(int(self._stream)):
+            raise EngineError("TensorRT execute_async_v3 failed")
+        _check(cudart.cudaStreamSynchronize(self._stream))
+        mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        _check(cudart.cudaStreamBeginCapture(self._stream, mode))
+        ok = self._context.execute_async_v3(int(self._stream))
+        graph = _check(cudart.cudaStreamEndCapture(self._stream))
+        if not ok:
+            raise EngineError("TensorRT could not enqueue inside a CUDA graph capture")
+        executable = _check(cudart.cudaGraphInstantiate(graph, 0))
+        _check(cudart.cudaGraphDestroy(graph))
+        return executable
+
+    # -- report and release --------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        version = _dist_version("tensorrt")
+        info: dict[str, Any] = {
+            "engine": self.name,
+            "version": version or "not installed",
+            "device": self.config.device,
+            "requested": dict(self.options),
+            "model": {"path": str(self.config.model)},
+        }
+        if self._info:
+            info["effective"] = dict(self._info)
+        return info
+
+    def close(self) -> None:
+        if self._context is None and not self._buffers:
+            return
+        cudart = _cudart()
+        for executable in self._graphs.values():
+            cudart.cudaGraphExecDestroy(executable)
+        self._graphs.clear()
+        for buffer in self._buffers.values():
+            buffer.free(cudart)
+        self._buffers.clear()
+        for event in self._events:
+            cudart.cudaEventDestroy(event)
+        self._events = []
+        if self._stream is not None:
+            cudart.cudaStreamDestroy(self._stream)
+            self._stream = None
+        self._context = self._engine = None
+        self._active_profile = -1
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    for dist in (name, f"{name}-cu12", f"{name}-cu13"):
+        with contextlib.suppress(PackageNotFoundError):
+            return version(dist)
+    return None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)

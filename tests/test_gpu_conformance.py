@@ -1,0 +1,84 @@
+"""The conformance suite on a GPU, for every tensor engine and mode that can run there:
+torch (eager, CUDA graphs), ONNX Runtime (CUDA provider with IOBinding, with CUDA graphs,
+TensorRT provider) and TensorRT. Each class skips with its engine's own reason where it
+cannot run (no GPU, package missing). ``HARNESS_CONFORMANCE_DEVICE`` picks the device
+(default cuda); scripts/gpu-check runs this module."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.conformance import Subject, TensorConformance
+
+DEVICE = os.environ.get("HARNESS_CONFORMANCE_DEVICE", "cuda")
+ON_GPU = DEVICE.startswith("cuda")
+
+
+def _cnn() -> Path:
+    pytest.importorskip("onnx")
+    from workloads.models import embedded  # noqa: PLC0415
+
+    return embedded("tiny-cnn").path
+
+
+def _subject(factory: str, **options: str) -> Subject:
+    from harness import registry  # noqa: PLC0415
+
+    engine = registry.load(factory)
+    if not engine.capabilities.supports_device(DEVICE):
+        pytest.skip(f"{factory} does not support device {DEVICE!r}")
+    return Subject(engine, model=_cnn(), device=DEVICE, options=options, memory_slack_mib=256.0)
+
+
+class TestTorchEager(TensorConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def subject(cls) -> Subject:
+        return _subject("torch")
+
+
+class TestTorchCudaGraphs(TensorConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def subject(cls) -> Subject:
+        if not ON_GPU:
+            pytest.skip("CUDA graphs need a cuda device")
+        return _subject("torch", mode="cudagraphs")
+
+
+class TestOnnxRuntime(TensorConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def subject(cls) -> Subject:
+        return _subject("onnxruntime")
+
+
+class TestOnnxRuntimeCudaGraphs(TensorConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def subject(cls) -> Subject:
+        if not ON_GPU:
+            pytest.skip("CUDA graphs need a cuda device")
+        return _subject("onnxruntime", cuda_graph="1")
+
+
+class TestOnnxRuntimeTensorRT(TensorConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def subject(cls) -> Subject:
+        if not ON_GPU:
+            pytest.skip("the TensorRT provider needs a cuda device")
+        ort = pytest.importorskip("onnxruntime")
+        if "TensorrtExecutionProvider" not in ort.get_available_providers():
+            pytest.skip(f"onnxruntime {ort.__version__} has no TensorrtExecutionProvider")
+        return _subject("onnxruntime", provider="tensorrt")
+
+
+class TestTensorRT(TensorConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def subject(cls) -> Subject:
+        return _subject("tensorrt", profiles="batch=1:4:8")

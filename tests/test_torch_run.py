@@ -1,0 +1,51 @@
+"""The tensor workloads on ``--engine=torch`` (eager, quick profile, shortened window):
+every cell that runs on ONNX Runtime runs on the baseline too, with its settings in the
+record. Needs torch (``tox -e torch``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.records import Status
+from tests.runner import run_workloads
+
+pytest.importorskip("torch", reason="torch is not installed (tox -e torch)")
+
+
+def test_batching_and_shapes_run_on_the_torch_baseline(tmp_path):
+    result = run_workloads(
+        tmp_path,
+        "--engine=torch",
+        "--engine-opt=torch.threads=1",
+        "--window=1.5",
+        "--requests=120",
+        "-k",
+        "(test_batching.py and rate100) or test_shapes.py"
+        " or (test_precision.py and not int8 and not generative)",
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+    by_workload: dict[str, list] = {}
+    for rec in result.records.values():
+        by_workload.setdefault(rec.workload, []).append(rec)
+    assert len(by_workload["batching"]) == 3
+    assert len(by_workload["shapes"]) == 6
+    assert len(by_workload["precision"]) == 4  # fp16 and bf16 on both embedded models
+    for rec in by_workload["precision"]:
+        assert rec.status is Status.OK, (rec.cell_id, rec.reasons)
+        m = rec.metrics
+        assert m["speedup"]["p50_ratio"] > 0
+        assert (
+            rec.engine_info["effective"]["dtype"]
+            == {"fp16": "float16", "bf16": "bfloat16"}[m["precision"]]
+        )
+        assert rec.engine_info["reference"]["effective"]["dtype"] == "float32"
+        first = next(iter(m["agreement"]["outputs"].values()))
+        assert first["max_abs"] > 0  # a reduced precision moves the outputs
+    for rec in [r for w, rs in by_workload.items() if w != "precision" for r in rs]:
+        assert rec.status is Status.OK, (rec.cell_id, rec.reasons)
+        assert rec.engine == "torch"
+        info = rec.engine_info
+        assert info["engine"] == "torch"
+        assert info["effective"]["mode"] == "eager"
+        assert info["effective"]["torch_threads"] == 1
+        assert info["embedded_model"]["name"] in ("tiny-cnn", "tiny-cnn-dynhw", "tiny-encoder")

