@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,7 +116,7 @@ def _json_round_trip(info: Mapping[str, Any]) -> dict[str, Any]:
     return loaded
 
 
-def _loaded(subject: Subject) -> Iterator[Any]:
+def _loaded(subject: Subject, close: Callable[[Any], None] | None = None) -> Iterator[Any]:
     status = subject.factory.probe(subject.device)
     if not status.available:
         pytest.skip(status.reason)
@@ -125,7 +125,7 @@ def _loaded(subject: Subject) -> Iterator[Any]:
     try:
         yield engine
     finally:
-        engine.close()
+        (close or (lambda e: e.close()))(engine)
 
 
 class _Lifecycle:
@@ -284,15 +284,7 @@ class GenerativeConformance(_Lifecycle):
     @pytest.fixture(scope="class")
     @classmethod
     def engine(cls, subject: Subject, loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
-        status = subject.factory.probe(subject.device)
-        if not status.available:
-            pytest.skip(status.reason)
-        engine = subject.factory(subject.config())
-        engine.load()
-        try:
-            yield engine
-        finally:
-            loop.run_until_complete(_closing(engine))
+        yield from _loaded(subject, lambda engine: loop.run_until_complete(_closing(engine)))
 
     def test_is_a_generative_engine(self, engine: Any) -> None:
         assert isinstance(engine, GenerativeEngine)

@@ -14,6 +14,7 @@ pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs 
 
 def test_bf16_against_fp32_on_vllm(tmp_path):
     result = run_workloads(tmp_path, "--engine=vllm", "-k", "test_precision_generative")
+    print(result.stdout[-3000:])  # the matrix, for the log
     assert result.returncode == 0, result.stdout[-4000:]
     by_precision = {r.params["precision"]: r for r in result.records.values()}
     fp16 = by_precision["fp16"]
