@@ -28,6 +28,7 @@ from harness.engine import (
     Family,
     GenerationRequest,
     RequestError,
+    installed_version,
     reject_unknown_options,
 )
 
@@ -156,12 +157,7 @@ class LMDeployEngine:
             raise EngineError(f"LMDeploy could not load {self.config.model}: {exc}") from exc
 
     def describe(self) -> dict[str, Any]:
-        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
-        try:
-            installed = version("lmdeploy")
-        except PackageNotFoundError:
-            installed = "not installed"
+        installed = installed_version("lmdeploy") or "not installed"
         cls_name, kwargs = engine_config(self.config.options)
         info: dict[str, Any] = {
             "engine": self.name,

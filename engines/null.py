@@ -27,6 +27,7 @@ from harness.engine import (
     Family,
     GenerationRequest,
     TensorSpec,
+    check_inputs,
     reject_unknown_options,
 )
 
@@ -123,20 +124,9 @@ class NullEngine:
         self.calls = 0  # stall_at counts measured calls only
 
     def infer(self, inputs: Arrays) -> dict[str, Any]:
-        x = self._checked(inputs)
+        (x,) = check_inputs(self.input_specs(), inputs)
         _wait(self.service_time + self._next_call())
         return {"y": np.zeros((x.shape[0], 1), dtype=np.float32)}
-
-    def _checked(self, inputs: Arrays) -> Any:
-        """The one input ``x``, float32 [batch, features], or a ValueError saying what is off."""
-        if set(inputs) != {"x"}:
-            raise ValueError(f"null takes one input 'x', got {sorted(inputs)}")
-        x = inputs["x"]
-        if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != self.features:
-            raise ValueError(
-                f"null's x is float32 [batch, {self.features}], got {x.dtype} {list(x.shape)}"
-            )
-        return x
 
 
 class NullGenerativeEngine(NullEngine):

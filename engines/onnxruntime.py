@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import psutil
 
+from harness.config import cache_root
 from harness.engine import (
     Arrays,
     Availability,
@@ -221,7 +222,7 @@ class OnnxRuntimeEngine:
         if not kind:
             return source
         digest = _sha256(source) or "unreadable"
-        target = self._cache_root() / "ort-derived" / f"{source.stem}-{digest[:16]}-{kind}.onnx"
+        target = cache_root() / "ort-derived" / f"{source.stem}-{digest[:16]}-{kind}.onnx"
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")
@@ -239,11 +240,6 @@ class OnnxRuntimeEngine:
                 onnx.save(half, str(tmp))
             os.replace(tmp, target)
         return target
-
-    def _cache_root(self) -> Path:
-        return Path(
-            os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "inference-harness"
-        )
 
     def _session_options(self) -> onnxruntime.SessionOptions:
         import onnxruntime  # noqa: PLC0415
@@ -384,7 +380,7 @@ class OnnxRuntimeEngine:
         return binding, in_values, out_values, graph_id
 
     def _trt_cache(self) -> Path:
-        return Path(self.config.options.get("trt_cache_dir") or self._cache_root() / "ort-trt")
+        return Path(self.config.options.get("trt_cache_dir") or cache_root() / "ort-trt")
 
     def describe(self) -> dict[str, Any]:
         import onnxruntime  # noqa: PLC0415

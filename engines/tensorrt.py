@@ -25,8 +25,6 @@ import ctypes
 import hashlib
 import importlib
 import importlib.util
-import os
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ import numpy.typing as npt
 
 from engines import trt_profiles
 from engines.onnxinfo import read_specs
+from harness.config import cache_root
 from harness.engine import (
     Arrays,
     Availability,
@@ -47,8 +46,10 @@ from harness.engine import (
     Family,
     TensorSpec,
     check_inputs,
+    installed_version,
     reject_unknown_options,
 )
+from harness.store import replace
 
 OPTIONS = {
     "profiles": "optimization profiles NAME=MIN:OPT:MAX[,...][;...] (default batch=1:8:32;"
@@ -218,8 +219,7 @@ class TensorRTEngine:
     # -- build ---------------------------------------------------------------------------------
 
     def _cache_dir(self) -> Path:
-        root = os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "inference-harness"
-        return Path(self.options.get("cache_dir") or Path(root) / "tensorrt")
+        return Path(self.options.get("cache_dir") or cache_root() / "tensorrt")
 
     def _gpu(self, cudart: Any) -> str:
         index = int(self.config.device.partition(":")[2] or 0)
@@ -250,6 +250,7 @@ class TensorRTEngine:
         key = trt_profiles.cache_key(
             hashlib.sha256(data).hexdigest(), trt.__version__, gpu, self._profiles, plan.settings()
         )
+        self._cache_dir().mkdir(parents=True, exist_ok=True)
         engine_file = self._cache_dir() / f"{path.stem}-{key}.engine"
         logger = trt.Logger(trt.Logger.WARNING)
         started = time.perf_counter()
@@ -257,7 +258,7 @@ class TensorRTEngine:
             serialized, cache = engine_file.read_bytes(), "hit"
         else:
             serialized, cache = self._build(trt, logger, data, plan, gpu), "miss"
-            _write_atomic(engine_file, serialized)
+            replace(engine_file, serialized)
         build_s = time.perf_counter() - started if cache == "miss" else 0.0
         self._engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
         if self._engine is None:
@@ -305,7 +306,7 @@ class TensorRTEngine:
         serialized = builder.build_serialized_network(network, config)
         if serialized is None:
             raise EngineError(f"TensorRT could not build an engine from {self.config.model}")
-        _write_atomic(timing_file, bytes(memoryview(config.get_timing_cache().serialize())))
+        replace(timing_file, bytes(memoryview(config.get_timing_cache().serialize())))
         return bytes(memoryview(serialized))
 
     def _allocate(self, cudart: Any) -> None:
@@ -422,7 +423,7 @@ class TensorRTEngine:
     # -- report and release --------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        version = _dist_version("tensorrt")
+        version = installed_version("tensorrt", "tensorrt-cu12", "tensorrt-cu13")
         info: dict[str, Any] = {
             "engine": self.name,
             "version": version or "not installed",
@@ -452,20 +453,3 @@ class TensorRTEngine:
             self._stream = None
         self._context = self._engine = None
         self._active_profile = -1
-
-
-def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
-    for dist in (name, f"{name}-cu12", f"{name}-cu13"):
-        with contextlib.suppress(PackageNotFoundError):
-            return version(dist)
-    return None
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)

@@ -27,6 +27,7 @@ from harness.engine import (
     EngineError,
     Family,
     GenerationRequest,
+    installed_version,
     reject_unknown_options,
 )
 
@@ -186,12 +187,7 @@ class TensorRTLLMEngine:
             raise EngineError(f"TensorRT-LLM could not load {self.config.model}: {exc}") from exc
 
     def describe(self) -> dict[str, Any]:
-        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
-        try:
-            installed = version("tensorrt_llm")
-        except PackageNotFoundError:
-            installed = "not installed"
+        installed = installed_version("tensorrt_llm") or "not installed"
         llm, kv = llm_kwargs(str(self.config.model), self.config.options)
         info: dict[str, Any] = {
             "engine": self.name,

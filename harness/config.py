@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -217,6 +218,12 @@ def _model(model: str | None) -> Path | None:
 
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def cache_root() -> Path:
+    """Where generated models, corpora and built engines are cached: $HARNESS_CACHE_DIR,
+    else ~/.cache/inference-harness."""
+    return Path(os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "inference-harness")
 
 
 def _images(images: str | None) -> Path | None:

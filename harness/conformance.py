@@ -174,8 +174,9 @@ class _Lifecycle:
         assert effective
 
     def test_close_twice_is_safe_and_returns_memory(self, subject: Subject) -> None:
-        if not subject.factory.probe(subject.device).available:
-            pytest.skip(subject.factory.probe(subject.device).reason)
+        status = subject.factory.probe(subject.device)
+        if not status.available:
+            pytest.skip(status.reason)
         peaks = []
         for _ in range(3):
             engine = subject.factory(subject.config())

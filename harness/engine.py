@@ -15,6 +15,7 @@ import enum
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -69,6 +70,17 @@ def is_fatal(exc: BaseException) -> bool:
 
 class EngineUnavailable(EngineError):
     """The engine cannot run on this machine; the message says precisely why."""
+
+
+def installed_version(*distributions: str) -> str | None:
+    """The version of the first of ``distributions`` that is installed (None: none is),
+    read from package metadata without importing the engine."""
+    for name in distributions:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 def reject_unknown_options(options: Mapping[str, str], known: Mapping[str, str]) -> None:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # a bare source tree: the harness need not be installed
 NEEDED = ("numpy", "pydantic", "psutil", "pytest", "rich", "scipy", "onnx")
 WORKLOADS = "test_batching.py or test_shapes.py or test_preprocessing.py"
 
@@ -60,7 +61,6 @@ def _missing() -> list[str]:
 
 def _tensor_engines(device: str) -> dict[str, str]:
     """Every registered tensor engine -> '' if it can run on ``device``, else the reason."""
-    sys.path.insert(0, str(REPO))
     from harness import registry  # noqa: PLC0415
 
     out = {}
@@ -72,7 +72,6 @@ def _tensor_engines(device: str) -> dict[str, str]:
 
 
 def _summary(run_dir: Path) -> dict[str, list[str]]:
-    sys.path.insert(0, str(REPO))
     from harness import store  # noqa: PLC0415
 
     out: dict[str, list[str]] = {}
@@ -101,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("HARNESS_CACHE_DIR", str(args.out / "cache"))
 
     _say("environment fingerprint")
-    sys.path.insert(0, str(REPO))
     from harness.environment import fingerprint  # noqa: PLC0415
 
     print(json.dumps(fingerprint(), indent=1, default=str))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.config import IMAGE_SUFFIXES
+from harness.config import IMAGE_SUFFIXES, cache_root
 
 SIZES = ((320, 240), (640, 480), (800, 600), (1024, 768), (480, 640), (1280, 720), (1920, 1080))
 LARGE = ((4032, 3024),)
@@ -83,8 +83,7 @@ def generate(spec: CorpusSpec) -> list[tuple[str, bytes]]:
 
 def corpus_dir(spec: CorpusSpec) -> Path:
     """The cached corpus for ``spec`` (generated on first use, atomically)."""
-    root = os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "inference-harness"
-    target = Path(root) / "images" / spec.key()
+    target = cache_root() / "images" / spec.key()
     if (target / "spec.json").is_file():
         return target
     tmp = target.with_name(target.name + f".tmp-{os.getpid()}")

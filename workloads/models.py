@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.config import cache_root
+
 OPSET = 17
 GENERATOR_VERSION = 1  # bump when a builder changes, so cached files are not reused
 
@@ -55,8 +57,7 @@ class EmbeddedModel:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "inference-harness"
-    return Path(root) / "models"
+    return cache_root() / "models"
 
 
 class _Graph:

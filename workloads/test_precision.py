@@ -84,13 +84,14 @@ def test_precision(
 ) -> None:
     settings = harness_settings
     ref_options, low_options = _options(cell.engine, precision, settings.device)
-    path = settings.model or models.embedded(model, settings.seed).path
+    embedded = None if settings.model else models.embedded(model, settings.seed)
+    path = settings.model or embedded.path  # type: ignore[union-attr]
     reference = _tensor(open_engine(path, options=ref_options))
     reference_info = cell.engine_info
     reduced = _tensor(open_engine(path, options=low_options))
     cell.engine_info = {**cell.engine_info, "reference": reference_info}
-    if settings.model is None:
-        cell.engine_info["embedded_model"] = models.embedded(model, settings.seed).describe()
+    if embedded is not None:
+        cell.engine_info["embedded_model"] = embedded.describe()
     dims = {**EMBEDDED.get(model, {}), **settings.dims}
     rng = np.random.default_rng(settings.seed)
     pool = [inputs.synthesize(reference.input_specs(), dims, rng, batch=BATCH) for _ in range(POOL)]
