@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from engines.null import NullEngine
 from harness import slowlog
@@ -15,6 +16,7 @@ from harness.loadgen import Arrivals, OpenLoop
 from harness.servestats import summarize_trace
 from harness.streaming import parse_slos
 from harness.telemetry import Telemetry
+from tests.fakes import FakeClock
 
 X = {"x": np.zeros((1, 4), dtype=np.float32)}
 
@@ -42,18 +44,39 @@ def _serve(stall_at: int, stall_s: float, n: int = 300, rate: float = 200.0):
     return serve_open_loop(offsets, NoBatching(), run_batch, clock)
 
 
+def _serve_fake(stall_call: int, stall_s: float, n: int, rate: float):
+    """The same open loop on a fake clock: the engine's time is exactly what we say."""
+    clock = FakeClock()
+    calls = 0
+
+    def run_batch(indices):
+        nonlocal calls
+        calls += 1
+        t0 = clock.now()
+        clock.advance(0.0002 + (stall_s if calls == stall_call else 0.0))
+        return {"infer": clock.now() - t0}
+
+    offsets = OpenLoop(rate=rate, duration=n / rate, arrivals=Arrivals.CONSTANT).schedule(0)
+    return serve_open_loop(offsets, NoBatching(), run_batch, clock)
+
+
 def test_one_stalled_request_is_logged_with_the_span_that_explains_it():
-    # a 30 ms stall at 400 req/s: the stalled request and the few queued behind it
-    trace = _serve(stall_at=500, stall_s=0.030, n=1000, rate=400.0)
+    # a 30 ms stall at 400 req/s: the stalled request and the few queued behind it.
+    # On a fake clock, so a noisy machine cannot add a tail of its own.
+    trace = _serve_fake(stall_call=500, stall_s=0.030, n=1000, rate=400.0)
     summary = summarize_trace(trace, offered_rate=400.0)
     log = summary.slow
     assert log is not None
     p99 = summary.metrics["e2e"]["p99"]
     assert log.threshold_s == 2 * p99
-    assert 3 <= log.total == len(log.requests) <= 12
+    # 13 requests queue behind the stall, each 2.3 ms less late than the one before;
+    # p99 (nearest rank 990 of 1000: the 11th slowest) is 7.2 ms, so the 7 over
+    # 14.4 ms are logged
+    assert p99 == pytest.approx(0.0072, abs=1e-9)
+    assert log.total == len(log.requests) == 7
     worst = log.requests[0]
     assert worst.latency_s >= 0.030
-    assert worst.index in range(497, 503)  # the 500th call is the stalled one
+    assert worst.index == 499  # the 500th call is the stalled one
     assert worst.spans["infer"] >= 0.029  # the engine, not the queue, took the time
     assert worst.spans["queue"] < 0.005
     assert "x p99" in worst.why
