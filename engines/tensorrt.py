@@ -38,6 +38,7 @@ from engines import trt_profiles
 from engines.onnxinfo import read_specs
 from harness.config import cache_root
 from harness.engine import (
+    DEVICE_STAGES,
     Arrays,
     Availability,
     Capabilities,
@@ -389,7 +390,7 @@ class TensorRTEngine:
             _check(cudart.cudaMemcpyAsync(buffer.host, buffer.device, nbytes, d2h, stream))
         _check(cudart.cudaEventRecord(ev[3], stream))
         _check(cudart.cudaStreamSynchronize(stream))
-        parts = zip(("h2d_s", "compute_s", "d2h_s"), range(3), strict=True)
+        parts = zip(DEVICE_STAGES, range(3), strict=True)
         self._last = {
             k: _check(cudart.cudaEventElapsedTime(ev[i], ev[i + 1])) / 1e3 for k, i in parts
         }

@@ -26,6 +26,7 @@ import psutil
 
 from engines.onnxinfo import read_specs
 from harness.engine import (
+    DEVICE_STAGES,
     Arrays,
     Availability,
     Capabilities,
@@ -212,7 +213,7 @@ class TorchEngine:
             _mark(events, 3)
         if events:
             events[3].synchronize()
-            spans = zip(("h2d_s", "compute_s", "d2h_s"), range(3), strict=True)
+            spans = zip(DEVICE_STAGES, range(3), strict=True)
             self._last = {k: events[i].elapsed_time(events[i + 1]) / 1e3 for k, i in spans}
         return {
             spec.name: t.to(_torch_dtype(spec.dtype)).numpy()

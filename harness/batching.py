@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from harness import stats
 from harness.clock import Clock, gc_paused
 from harness.engine import BatchingMode, is_fatal
 
@@ -152,7 +153,8 @@ class ServeTrace:
         staged = np.zeros(self.t_sched.size)
         for k in names:
             out[k] = per_batch[k][self.batch_of] if self.batch_spans else np.full(0, np.nan)
-            staged = staged + np.nan_to_num(out[k])
+            if not stats.is_nested(k):  # ``infer.compute`` is already inside ``infer``
+                staged = staged + np.nan_to_num(out[k])
         out["other"] = (self.t_done - self.t_send) - staged
         return out
 

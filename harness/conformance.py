@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ import psutil
 import pytest
 
 from harness.engine import (
+    DEVICE_STAGES,
     Arrays,
     Capabilities,
     Chunk,
@@ -44,8 +46,10 @@ from harness.engine import (
     Family,
     GenerationRequest,
     GenerativeEngine,
+    ReportsDeviceTimes,
     TensorEngine,
     TensorSpec,
+    device_spans,
     is_fatal,
 )
 
@@ -249,6 +253,23 @@ class TensorConformance(_Lifecycle):
                 engine.infer(bad)
             assert not is_fatal(caught.value), caught.value
         assert set(engine.infer(good)) == {s.name for s in engine.output_specs()}
+
+    def test_device_times_are_parts_of_the_call(
+        self, engine: TensorEngine, subject: Subject
+    ) -> None:
+        if not isinstance(engine, ReportsDeviceTimes):
+            pytest.skip(f"{engine.name} does not time the device (ReportsDeviceTimes)")
+        inputs = synthesize(engine.input_specs(), subject.dims, 2)
+        t0 = time.perf_counter()
+        engine.infer(inputs)
+        host = time.perf_counter() - t0
+        times = device_spans(engine)  # raises on stages it does not know
+        if subject.device == "cpu":
+            assert times == {}, "device times on a CPU run"
+            return
+        assert set(times) == {f"infer.{k}" for k in DEVICE_STAGES}
+        assert all(v >= 0 for v in times.values()), times
+        assert sum(times.values()) <= host, (times, host)
 
 
 def _bad_inputs(good: Arrays) -> list[dict[str, npt.NDArray[Any]]]:

@@ -310,6 +310,36 @@ class ExposesCounters(Protocol):
     def counters(self) -> dict[str, float]: ...
 
 
+DEVICE_STAGES = ("h2d", "compute", "d2h")
+
+
+@runtime_checkable
+class ReportsDeviceTimes(Protocol):
+    """An engine that times its last ``infer`` on the device (e.g. with CUDA events).
+
+    The host clock around ``infer`` sees the whole call; these split it as trtexec does:
+    seconds spent copying inputs in (``h2d``), computing (``compute``) and copying
+    outputs back (``d2h``). An empty mapping means this call was not timed on a device
+    (a CPU run)::
+
+        def device_times(self) -> dict[str, float]:
+            return {"h2d": 1.2e-4, "compute": 8.3e-4, "d2h": 0.6e-4}
+    """
+
+    def device_times(self) -> Mapping[str, float]: ...
+
+
+def device_spans(engine: object, within: str = "infer") -> dict[str, float]:
+    """The last call's device times as spans nested in ``within`` (``infer.compute``)."""
+    if not isinstance(engine, ReportsDeviceTimes):
+        return {}
+    times = engine.device_times()
+    unknown = set(times) - set(DEVICE_STAGES)
+    if unknown:
+        raise EngineError(f"device_times() returned unknown stages {sorted(unknown)}")
+    return {f"{within}.{k}": float(v) for k, v in times.items()}
+
+
 def counter_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     """``after - before`` for every counter present in both, plus ``<x>_mean`` for each
     ``<x>_sum``/``<x>_count`` pair (a histogram's mean over the cell)."""

@@ -179,11 +179,21 @@ def as_samples(values: npt.ArrayLike, digits: int = 7) -> list[float]:
     return [round(float(v), digits) for v in np.asarray(values, dtype=np.float64)]
 
 
+def is_nested(span: str) -> bool:
+    """``infer.compute`` is a part of ``infer``, not a stage of its own."""
+    return "." in span
+
+
 def stage_breakdown(
     spans: Mapping[str, npt.NDArray[np.float64]], e2e: npt.NDArray[np.float64]
 ) -> dict[str, Any]:
     """``stages``: a summary per stage span (non-finite spans left out); ``time_account``:
-    each stage's mean and its share of the mean e2e, where the request's time went."""
+    each stage's mean and its share of the mean e2e, where the request's time went.
+
+    A nested span (``infer.compute``) also says which stage it lies ``within`` and its
+    share of that stage; its e2e share overlaps its parent's, so shares of the top-level
+    stages alone add up to at most 1.
+    """
     total = float(e2e.mean()) if e2e.size else 0.0
     stages: dict[str, Any] = {}
     account: dict[str, Any] = {}
@@ -192,4 +202,9 @@ def stage_breakdown(
         stages[name] = to_json(summarize(finite))
         mean = float(finite.mean()) if finite.size else 0.0
         account[name] = {"mean_s": mean, "share": mean / total if total > 0 else None}
+    for name in filter(is_nested, account):
+        parent = name.rsplit(".", 1)[0]
+        outer = account.get(parent, {}).get("mean_s", 0.0)
+        account[name]["within"] = parent
+        account[name]["share_of_within"] = account[name]["mean_s"] / outer if outer else None
     return {"stages": stages, "time_account": account}

@@ -23,7 +23,7 @@ from harness.capacity import CapacityResult, Point, Stop, SweepResult
 from harness.cell import Cell
 from harness.clock import Clock, MonotonicClock
 from harness.config import RunSettings
-from harness.engine import EngineError, TensorEngine
+from harness.engine import EngineError, TensorEngine, device_spans
 from harness.genload import Driver
 from harness.loadgen import OpenLoop, Schedule
 from harness.records import Headline
@@ -127,18 +127,22 @@ def timed_batch(
     engine: TensorEngine, pool: Sequence[dict[str, Any]], indices: Sequence[int], clock: Clock
 ) -> dict[str, float]:
     """Run requests ``indices`` (inputs drawn round-robin from ``pool``) as one batch;
-    stage spans: ``preprocess`` (collate), ``infer``, ``postprocess`` (output check)."""
+    stage spans: ``preprocess`` (collate), ``infer``, ``postprocess`` (output check),
+    and ``infer.h2d`` / ``infer.compute`` / ``infer.d2h`` where the engine times the
+    device (``ReportsDeviceTimes``)."""
     t0 = clock.now()
     batch = inputs.collate([pool[i % len(pool)] for i in indices])
     t1 = clock.now()
     outputs = engine.infer(batch)
     t2 = clock.now()
+    device = device_spans(engine)
     for name, out in outputs.items():
         if out.shape[0] != len(indices):
             raise EngineError(
                 f"output {name} has batch dim {out.shape[0]}, expected {len(indices)}"
             )
-    return {"preprocess": t1 - t0, "infer": t2 - t1, "postprocess": clock.now() - t2}
+    spans = {"preprocess": t1 - t0, "infer": t2 - t1, "postprocess": clock.now() - t2}
+    return spans | device
 
 
 @dataclass
