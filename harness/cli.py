@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness import registry, report
+from harness import htmlreport, registry, report, runset
 from harness.engine import Availability
 from harness.records import RecordError
 
@@ -42,12 +42,15 @@ def _availability(avail: Availability) -> str:
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
+    dirs = [Path(d) for d in args.run_dirs]
+    if args.html:
+        return _html(dirs, args.out, console)
     status = 0
-    for run_dir in args.run_dirs:
+    for run_dir in dirs:
         try:
-            md, csv_path = report.write(Path(run_dir))
+            md, csv_path = report.write(run_dir)
         except (FileNotFoundError, RecordError) as exc:
-            console.print(f"[red]error:[/red] {exc}", highlight=False)
+            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
             status = 2
             continue
         console.print(f"wrote {md} and {csv_path}", highlight=False)
@@ -56,15 +59,52 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     return status
 
 
+def _html(dirs: list[Path], out: Path | None, console: Console) -> int:
+    if out is None and len(dirs) > 1:
+        console.print(
+            "[red]error:[/red] several run directories merge into one report: "
+            "say where it goes with --out DIR",
+            highlight=False,
+        )
+        return 2
+    target = out if out is not None else dirs[0]
+    try:
+        written = htmlreport.write(runset.load(dirs), target)
+    except (FileNotFoundError, RecordError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 2
+    console.print(
+        f"wrote {written.html}, {written.markdown}, {written.csv} "
+        f"and {len(written.plots)} plot files in {target / 'plots'}",
+        highlight=False,
+    )
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     eng = sub.add_parser("engines", help="list registered engines and whether they can run here")
     eng.add_argument("--device", help="one device to probe for (default: cpu and cuda)")
     eng.set_defaults(func=_engines)
-    rep = sub.add_parser("report", help="write matrix.md and matrix.csv into each run directory")
-    rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    rep = sub.add_parser(
+        "report",
+        help="write matrix.md and matrix.csv into each run directory, or with --html one "
+        "self-contained HTML report (with plots) over all of them",
+    )
+    rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", type=Path)
     rep.add_argument("--print", action="store_true", help="also print matrix.md")
+    rep.add_argument(
+        "--html",
+        action="store_true",
+        help="merge the runs into report.html, plots/ and matrix.md/.csv (in --out DIR)",
+    )
+    rep.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="where the --html report goes (default: the run directory, when only one)",
+    )
     rep.set_defaults(func=_report)
     return p
 

@@ -1,0 +1,118 @@
+"""Several run directories read as one body of evidence.
+
+Each engine family runs in its own tox environment, so a full comparison is several runs.
+They merge into one matrix: a column per engine, and per engine *and machine* as soon as
+the runs were measured on more than one machine, so cells from different hardware are
+never silently mixed. Where two runs measured the same cell of the same engine on the
+same machine, the later run's record is shown and the report says which one it replaced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import fingerprint, report
+from harness.records import CellRecord, Manifest
+from harness.store import read_manifest, read_records
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory: its manifest, its records and the machine that measured it."""
+
+    path: Path
+    manifest: Manifest
+    records: tuple[CellRecord, ...]
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        """The manifest's fingerprint, or a record's where the manifest has none."""
+        if self.manifest.environment:
+            return self.manifest.environment
+        return next((r.environment for r in self.records if r.environment), {})
+
+    @property
+    def hardware(self) -> str:
+        return fingerprint.hardware_label(self.environment)
+
+
+@dataclass(frozen=True)
+class RunSet:
+    """Runs in the order given; ``mixed`` when they span more than one machine."""
+
+    runs: tuple[Run, ...]
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError("a run set needs at least one run directory")
+        ids = [r.manifest.run_id for r in self.runs]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"the same run was given twice: {sorted(ids)}")
+
+    @property
+    def hardware(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.hardware for r in self.runs))
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.hardware) > 1
+
+    def column(self, run: Run, engine: str) -> str:
+        """The matrix column of ``engine``'s cells from ``run``."""
+        return f"{engine} @ {run.hardware}" if self.mixed else engine
+
+
+def load(paths: Sequence[Path]) -> RunSet:
+    """Read each run directory (errors name the directory and what is wrong)."""
+    runs = [Run(p, read_manifest(p), tuple(read_records(p))) for p in paths]
+    return RunSet(tuple(runs))
+
+
+@dataclass(frozen=True)
+class Merged:
+    """The merged matrix, and what the merge had to decide: records a later run
+    replaced (``column``, ``cell_id``, kept run, replaced run)."""
+
+    matrix: report.Matrix
+    replaced: tuple[tuple[str, str, str, str], ...]
+
+
+def merge(runs: RunSet) -> Merged:
+    """One matrix over every run: rows in first-planned order, columns per engine (and
+    machine when mixed); a later run (by creation time) wins a cell both measured."""
+    ordered = sorted(runs.runs, key=lambda r: (r.manifest.created_at, r.manifest.run_id))
+    rows: dict[tuple[str, Any], dict[str, report.Entry]] = {}
+    origin: dict[tuple[str, Any, str], str] = {}
+    replaced: list[tuple[str, str, str, str]] = []
+    for run in ordered:
+        for row in report.build(run.manifest, run.records).rows:
+            key = (row.workload, row.params)
+            target = rows.setdefault(key, {})
+            for engine, entry in row.entries.items():
+                column = runs.column(run, engine)
+                cell = entry.record.cell_id if entry.record else "-"
+                previous = origin.get((*key, column))
+                if previous is not None:
+                    replaced.append((column, cell, run.manifest.run_id, previous))
+                target[column] = report.Entry(column, entry.record)
+                origin[(*key, column)] = run.manifest.run_id
+    columns = tuple(dict.fromkeys(c for entries in rows.values() for c in entries))
+    matrix = report.Matrix(
+        run_id=", ".join(r.manifest.run_id for r in runs.runs),
+        state=_state(runs),
+        engines=columns,
+        rows=tuple(report.Row(w, p, e) for (w, p), e in rows.items()),
+    )
+    return Merged(matrix, tuple(replaced))
+
+
+def _state(runs: RunSet) -> str:
+    unfinished = [
+        f"{r.manifest.run_id} is {r.manifest.state}"
+        for r in runs.runs
+        if r.manifest.state != "complete"
+    ]
+    return "incomplete: " + ", ".join(unfinished) if unfinished else "complete"

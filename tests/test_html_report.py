@@ -1,0 +1,223 @@
+"""The HTML report: merged runs, hardware kept apart, plots, determinism, and a real
+headless Chromium that renders it without console errors."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness import cli, htmlreport, runset
+from tests import report_runs
+from tests.report_runs import MACHINE, OTHER_MACHINE, write_run
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def two_engines(tmp_path: Path) -> list[Path]:
+    return [
+        write_run(tmp_path / "a", "onnxruntime", created_at="2026-01-01T00:00:00.000Z"),
+        write_run(tmp_path / "b", "torch", scale=1.5, created_at="2026-01-02T00:00:00.000Z"),
+    ]
+
+
+def test_runs_merge_into_one_matrix_with_a_column_per_engine(two_engines):
+    merged = runset.merge(runset.load(two_engines))
+    assert merged.matrix.engines == ("onnxruntime", "torch")
+    assert merged.matrix.state == "complete"
+    assert merged.replaced == ()
+    row = next(r for r in merged.matrix.rows if dict(r.params) == {"rate": 100.0, "mode": "none"})
+    assert set(row.entries) == {"onnxruntime", "torch"}
+    assert row.entries["torch"].record is not None
+    assert row.entries["torch"].record.engine == "torch"
+
+
+def test_cells_from_other_hardware_get_columns_of_their_own(tmp_path):
+    dirs = [
+        write_run(tmp_path / "a", "onnxruntime"),
+        write_run(
+            tmp_path / "b",
+            "onnxruntime",
+            env=OTHER_MACHINE,
+            created_at="2026-01-02T00:00:00.000Z",
+        ),
+    ]
+    runs = runset.load(dirs)
+    assert runs.mixed
+    columns = runset.merge(runs).matrix.engines
+    assert columns == (
+        "onnxruntime @ Test CPU 9000 x8, 32 GiB",
+        "onnxruntime @ Other CPU 1 x4, 32 GiB",
+    )
+    page, _ = htmlreport.render(runs)
+    assert "measured on 2 different machines" in page
+
+
+def test_a_cell_measured_twice_on_one_machine_shows_the_later_run_and_says_so(tmp_path):
+    early = write_run(tmp_path / "a", "onnxruntime", created_at="2026-01-01T00:00:00.000Z")
+    late = write_run(tmp_path / "b", "onnxruntime", created_at="2026-02-01T00:00:00.000Z")
+    merged = runset.merge(runset.load([late, early]))
+    assert merged.matrix.engines == ("onnxruntime",)
+    row = merged.matrix.rows[0]
+    assert row.entries["onnxruntime"].record.run_id == late.name
+    assert ("onnxruntime", row.entries["onnxruntime"].record.cell_id, late.name, early.name) in (
+        merged.replaced
+    )
+    page, _ = htmlreport.render(runset.load([late, early]))
+    assert f"<code>{early.name}</code> replaced" in page
+
+
+def test_the_same_run_twice_is_refused(two_engines):
+    with pytest.raises(ValueError, match="the same run was given twice"):
+        runset.load([two_engines[0], two_engines[0]])
+
+
+def test_page_shows_statuses_not_numbers_and_escapes_engine_text(two_engines):
+    page, figures = htmlreport.render(runset.load(two_engines))
+    # a failed cell: its status and (escaped) reason, never figures
+    assert "FAILED" in page
+    assert "onnxruntime &lt;b&gt;exploded&lt;/b&gt; | badly" in page
+    assert "<b>exploded</b>" not in page
+    assert re.search(r'data-status="failed"[^>]*>.*?<div class="figures">FAILED:', page, re.S)
+    # ok cells have their figures, validity badge and drill-down
+    assert 'class="badge v-valid">valid' in page
+    assert 'class="badge v-warn">valid (!)' in page  # the streaming cell's warning
+    assert "run-to-run spread of p99 is 31 %" in page
+    assert '"samples": {\n  "e2e": "400 values (in the run directory)"' in html.unescape(page)
+    assert "<details><summary>record</summary>" in page
+    names = {f.name for f in figures}
+    assert {
+        "latency-throughput-rate-sweep",
+        "latency-throughput-capacity",
+        "latency-throughput-batching",
+        "cdf-ttft-streaming-1",
+        "cdf-e2e-batching-1",
+        "batch-sizes-1",
+        "preprocessing-stages",
+        "telemetry-onnxruntime",
+        "telemetry-torch",
+    } <= names
+
+
+def test_page_fetches_nothing(two_engines):
+    page, _ = htmlreport.render(runset.load(two_engines))
+    assert "<script" not in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+    assert "@import" not in page
+    assert not re.search(r"url\((?!#)", page)  # only references within the page
+
+
+def test_report_files_are_byte_identical_when_rebuilt(two_engines, tmp_path):
+    runs = runset.load(two_engines)
+    first = htmlreport.write(runs, tmp_path / "r1")
+    second = htmlreport.write(runs, tmp_path / "r2")
+    assert len(first.plots) == len(second.plots) >= 18  # svg and png of each plot
+    pairs = zip(
+        (first.html, first.markdown, first.csv, *first.plots),
+        (second.html, second.markdown, second.csv, *second.plots),
+        strict=True,
+    )
+    for a, b in pairs:
+        assert a.name == b.name
+        assert a.read_bytes() == b.read_bytes(), a.name
+    assert first.plots[0].read_bytes()[:4] in (b"<svg", b"\x89PNG")
+
+
+def test_stale_plots_from_an_earlier_build_are_removed(two_engines, tmp_path):
+    out = tmp_path / "r"
+    (out / "plots").mkdir(parents=True)
+    (out / "plots" / "gone.svg").write_text("<svg/>")
+    htmlreport.write(runset.load(two_engines), out)
+    assert not (out / "plots" / "gone.svg").exists()
+
+
+def test_cli_merges_several_runs_only_with_out(two_engines, tmp_path, capsys):
+    assert cli.main(["report", *map(str, two_engines), "--html"]) == 2
+    assert "say where it goes with --out DIR" in capsys.readouterr().out
+    out = tmp_path / "merged"
+    assert cli.main(["report", *map(str, two_engines), "--html", "--out", str(out)]) == 0
+    assert (out / "report.html").is_file()
+    assert "| rate | mode | onnxruntime | torch |" in (out / "matrix.md").read_text()
+
+
+def test_cli_names_an_unreadable_run(tmp_path, capsys):
+    assert cli.main(["report", str(tmp_path / "nope"), "--html"]) == 2
+    assert "nope" in capsys.readouterr().out
+
+
+def test_an_unfinished_run_is_flagged(tmp_path):
+    run = write_run(tmp_path, "onnxruntime", planned_extra=("batching.onnxruntime.rate=1",))
+    page, _ = htmlreport.render(runset.load([run]))
+    assert f"incomplete: {run.name} is incomplete" in page
+    assert "MISSING" in page
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason="chromium is not installed "
+    "(python scripts/ensure_chromium.py installs Debian's package)",
+)
+def test_chromium_renders_matrix_and_plots_without_console_errors(two_engines, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    written = htmlreport.write(runset.load(two_engines), tmp_path / "report")
+    shot = tmp_path / "report" / "screenshot.png"
+    problems: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+            requests: list[str] = []
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(written.html.as_uri())
+            tables = page.locator("table.matrix")
+            workloads = tables.evaluate_all("ts => ts.map(t => t.dataset.workload)")
+            svg_sizes = page.locator("figure.plot svg").evaluate_all(
+                "ss => ss.map(s => s.getBoundingClientRect()).map(r => [r.width, r.height])"
+            )
+            page.locator("details summary").first.click()
+            opened = page.locator("details[open] pre").first.inner_text()
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert problems == []
+    assert requests == [written.html.as_uri()]  # nothing else was fetched
+    assert set(workloads) == {"batching", "rate_sweep", "capacity", "streaming", "preprocessing"}
+    assert len(svg_sizes) >= 9
+    assert all(w > 300 and h > 150 for w, h in svg_sizes), svg_sizes
+    assert '"cell_id": "batching.' in opened
+    assert shot.stat().st_size > 50_000  # a page with tables and plots, not a blank one
+    _keep_for_a_human(shot)
+
+
+def _keep_for_a_human(shot: Path) -> None:
+    """HARNESS_SCREENSHOT_DIR: where to leave the screenshot for someone to look at."""
+    target = os.environ.get("HARNESS_SCREENSHOT_DIR")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(target) / "html-report.png")
+
+
+def test_builder_covers_every_plot_kind():
+    # guards the fixture above: a plot kind without records would pass vacuously
+    rec = report_runs.batching("e", "r", MACHINE, 100.0, "dynamic", 1.0)
+    assert rec.histograms["batch_size"]
+    assert rec.telemetry["series"]["t"]
