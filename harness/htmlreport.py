@@ -42,9 +42,12 @@ class Written:
     csv: Path
 
 
-def drill_down(record: CellRecord) -> str:
-    """The record as indented JSON, raw samples and telemetry series summarized."""
+def drill_down(record: CellRecord, run_environment: dict[str, Any] | None = None) -> str:
+    """The record as indented JSON, raw samples and telemetry series summarized, and
+    the environment left out where it is the run's (shown once, in the runs table)."""
     data: dict[str, Any] = json.loads(record.model_dump_json())
+    if run_environment and record.environment == run_environment:
+        data["environment"] = "the run's fingerprint (see Runs)"
     data["samples"] = {
         k: f"{len(v)} values (in the run directory)" for k, v in record.samples.items()
     }
@@ -57,7 +60,9 @@ def drill_down(record: CellRecord) -> str:
     return json.dumps(data, indent=1, sort_keys=True, allow_nan=True)
 
 
-def _entry(entry: report.Entry | None) -> dict[str, Any] | None:
+def _entry(
+    entry: report.Entry | None, environments: dict[str, dict[str, Any]]
+) -> dict[str, Any] | None:
     if entry is None:
         return None
     rec = entry.record
@@ -69,11 +74,11 @@ def _entry(entry: report.Entry | None) -> dict[str, Any] | None:
         "warnings": warnings,
         "text": report.entry_text(entry),
         "tooltip": "; ".join(reasons + warnings) or "ok, valid",
-        "record": drill_down(rec) if rec else "",
+        "record": drill_down(rec, environments.get(rec.run_id)) if rec else "",
     }
 
 
-def _tables(matrix: report.Matrix) -> list[dict[str, Any]]:
+def _tables(matrix: report.Matrix, environments: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     tables = []
     for workload in matrix.workloads():
         rows = [r for r in matrix.rows if r.workload == workload]
@@ -87,7 +92,7 @@ def _tables(matrix: report.Matrix) -> list[dict[str, Any]]:
                 "rows": [
                     {
                         "params": [format_param(dict(r.params).get(n)) for n in names],
-                        "entries": [_entry(r.entries.get(c)) for c in columns],
+                        "entries": [_entry(r.entries.get(c), environments) for c in columns],
                     }
                     for r in rows
                 ],
@@ -121,6 +126,7 @@ def _run_info(run: runset.Run) -> dict[str, str]:
         "engines": engines,
         "profile": str(m.settings.get("profile", "?")),
         "command": " ".join(m.command),
+        "fingerprint": json.dumps(run.environment, indent=1, sort_keys=True),
     }
 
 
@@ -155,7 +161,7 @@ def render(runs: runset.RunSet) -> tuple[str, list[plots.Plot]]:
         hardware=runs.hardware,
         runs=[_run_info(r) for r in runs.runs],
         replaced=merged.replaced,
-        tables=_tables(merged.matrix),
+        tables=_tables(merged.matrix, {r.manifest.run_id: r.environment for r in runs.runs}),
         warnings=_warnings(merged.matrix),
         sections=_sections(figures),
     )

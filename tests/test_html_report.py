@@ -193,8 +193,8 @@ def test_chromium_renders_matrix_and_plots_without_console_errors(two_engines, t
             svg_sizes = page.locator("figure.plot svg").evaluate_all(
                 "ss => ss.map(s => s.getBoundingClientRect()).map(r => [r.width, r.height])"
             )
-            page.locator("details summary").first.click()
-            opened = page.locator("details[open] pre").first.inner_text()
+            page.locator("table.matrix details summary").first.click()
+            opened = page.locator("table.matrix details[open] pre").first.inner_text()
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
