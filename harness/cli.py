@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness import htmlreport, registry, report, runset
+from harness import compare, htmlreport, registry, report, runset
 from harness.engine import Availability
 from harness.records import RecordError
 
@@ -106,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
         help="where the --html report goes (default: the run directory, when only one)",
     )
     rep.set_defaults(func=_report)
+    compare.register(sub)
     return p
 
 
