@@ -1,4 +1,4 @@
-"""``python -m harness``: list engines, build a run's result matrix."""
+"""``python -m harness``: list engines; report, compare and recommend from run directories."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness import compare, htmlreport, registry, report, runset
+from harness import compare, htmlreport, recommend, registry, report, runset
 from harness.engine import Availability
 from harness.records import RecordError
 
@@ -107,6 +107,7 @@ def parser() -> argparse.ArgumentParser:
     )
     rep.set_defaults(func=_report)
     compare.register(sub)
+    recommend.register(sub)
     return p
 
 

@@ -1,0 +1,538 @@
+"""``harness.recommend``: constructed runs with hand-computed answers."""
+
+import argparse
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from harness import recommend as rec
+from harness import stats, store
+from harness.records import CellRecord, Headline, Manifest, PlannedCell, Status, ValidityInfo
+from harness.streaming import parse_slos
+
+ENV_A = {
+    "cpu": {"model": "Test CPU A", "logical_cores": 8, "affinity": 8},
+    "memory_bytes": 32 * 2**30,
+    "gpu": {"present": False},
+    "hostname": "a",
+}
+ENV_B = {**ENV_A, "cpu": {"model": "Test CPU B", "logical_cores": 16, "affinity": 16}}
+
+TENSOR_HEADLINE = (
+    Headline(label="p99", metric="e2e.p99", unit="ms", scale=1e3),
+    Headline(label="tput", metric="throughput.requests_per_s", unit="req/s"),
+)
+
+
+def cell_id(workload, engine, params):
+    return ".".join([workload, engine, *(f"{k}={v}" for k, v in params.items())])
+
+
+def build(workload, engine, params, *, run_id, status=Status.OK, env=ENV_A, **fields):
+    """A record as the plugin writes it; ok/invalid records carry a validity verdict."""
+    base = {
+        "run_id": run_id,
+        "cell_id": cell_id(workload, engine, params),
+        "workload": workload,
+        "engine": engine,
+        "params": params,
+        "status": status,
+        "started_at": "2026-01-01T00:00:00.000Z",
+        "finished_at": "2026-01-01T00:00:05.000Z",
+        "duration_s": 5.0,
+        "environment": env,
+    }
+    if status is Status.OK:
+        base["validity"] = ValidityInfo(verdict="valid", warnings=fields.pop("warnings", ()))
+    elif status is Status.INVALID:
+        base["validity"] = ValidityInfo(verdict="invalid", reasons=("too few samples",))
+        base["reasons"] = ("too few samples",)
+    return CellRecord(**(base | fields))
+
+
+def served(e2e, *, window=1.0, failed=0):
+    """What harness.servestats stores for a tensor cell: e2e per successful request."""
+    ok = len(e2e)
+    metrics = {
+        "e2e": stats.to_json(stats.summarize(e2e, failed)),
+        "throughput": {
+            "requests_per_s": ok / window,
+            "requests_per_s_ci95": list(stats.rate_ci(ok, window)),
+            "items_per_s": ok / window,
+            "goodput_requests_per_s": ok / window,
+        },
+        "requests": {"total": ok + failed, "ok": ok, "failed": failed, "met_slo": ok},
+    }
+    return {
+        "metrics": metrics,
+        "samples": {"e2e": list(e2e), "queue": [0.0] * ok},
+        "window": {"duration_s": window, "requests": ok + failed},
+        "headline": TENSOR_HEADLINE,
+    }
+
+
+def streamed(ttft, tpot, e2e, *, window, tokens_per_s, failed=0):
+    """What harness.streamstats stores: ttft/e2e once per successful request, tpot per
+    request with more than one token."""
+    ok = len(e2e)
+    metrics = {
+        name: stats.to_json(stats.summarize(values, failed))
+        for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e))
+    }
+    metrics["throughput"] = {
+        "requests_per_s": ok / window,
+        "requests_per_s_ci95": list(stats.rate_ci(ok, window)),
+        "output_tokens_per_s": tokens_per_s,
+        "goodput_requests_per_s": ok / window,
+    }
+    metrics["requests"] = {"total": ok + failed, "ok": ok, "failed": failed, "met_slo": ok}
+    return {
+        "metrics": metrics,
+        "samples": {"ttft": list(ttft), "tpot": list(tpot), "e2e": list(e2e)},
+        "window": {"duration_s": window, "requests": ok + failed},
+        "headline": (Headline(label="TTFT p99", metric="ttft.p99", unit="ms", scale=1e3),),
+    }
+
+
+def write_run(tmp_path, name, records, *, env=ENV_A, missing=()):
+    """A run directory holding ``records``; ``missing``: planned cells with no record."""
+    run = tmp_path / name
+    (run / "cells").mkdir(parents=True)
+    planned = [
+        PlannedCell(
+            cell_id=r.cell_id, workload=r.workload, engine=r.engine, params=r.params, nodeid="t"
+        )
+        for r in records
+    ]
+    planned += [
+        PlannedCell(cell_id=cell_id(*m), workload=m[0], engine=m[1], params=m[2], nodeid="t")
+        for m in missing
+    ]
+    manifest = Manifest(
+        run_id=name,
+        state="complete",
+        created_at="2026-01-01T00:00:00.000Z",
+        environment=env,
+        planned=tuple(planned),
+    )
+    store.write_manifest(run, manifest)
+    for r in records:
+        store.write_record(run, r)
+    return run
+
+
+def batching_run(tmp_path, name="run-a", env=ENV_A):
+    """Two engines x two configurations at one offered load, plus cells that must not win.
+
+    fast/dynamic: 1000 requests at 10 ms in 1 s  -> meets, goodput 1000 req/s
+    fast/static:   800 requests at 20 ms in 1 s  -> meets, goodput 800 (20 % lower)
+    slow/dynamic:  980 at 10 ms + 20 at 61.2 ms  -> p99 (990th of 1000) 61.2 ms > 50 ms
+    slow/static:  1000 at 70 ms                  -> p99 70 ms > 50 ms (+40 %)
+    cheat/dynamic: invalid, 5000 requests at 1 ms (the best numbers, never recommended)
+    """
+    w, rate = "batching", {"rate": 1000.0}
+    recs = [
+        build(w, "fast", rate | {"mode": "dynamic"}, run_id=name, env=env, **served([0.01] * 1000)),
+        build(w, "fast", rate | {"mode": "static"}, run_id=name, env=env, **served([0.02] * 800)),
+        build(
+            w,
+            "slow",
+            rate | {"mode": "dynamic"},
+            run_id=name,
+            env=env,
+            **served([0.01] * 980 + [0.0612] * 20),
+        ),
+        build(w, "slow", rate | {"mode": "static"}, run_id=name, env=env, **served([0.07] * 1000)),
+        build(
+            w,
+            "cheat",
+            rate | {"mode": "dynamic"},
+            run_id=name,
+            env=env,
+            status=Status.INVALID,
+            **served([0.001] * 5000),
+        ),
+        build(
+            w,
+            "cheat",
+            rate | {"mode": "static"},
+            run_id=name,
+            env=env,
+            status=Status.FAILED,
+            reasons=("engine raised: boom",),
+        ),
+    ]
+    missing = [(w, "fast", rate | {"mode": "none"})]
+    return write_run(tmp_path, name, recs, env=env, missing=missing)
+
+
+def one(result, workload):
+    found = [w for w in result.workloads if w.workload == workload]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_recommends_the_best_cell_meeting_the_slo_and_says_why_others_lost(tmp_path):
+    run = batching_run(tmp_path)
+    result = rec.recommend([run], parse_slos("e2e_p99=50ms"), None)
+    w = one(result, "batching")
+    assert w.scenario == (("rate", 1000.0),)
+    assert w.slos_applied == ("e2e_p99<=50ms",)
+    assert (w.recommended.engine, dict(w.recommended.params)["mode"]) == ("fast", "dynamic")
+    assert w.recommended.goodput == pytest.approx(1000.0)
+    assert w.recommended.method == "samples"
+    assert (w.runner_up.engine, dict(w.runner_up.params)["mode"]) == ("fast", "static")
+    verdicts = {v.engine: v.verdict for v in w.engines}
+    assert verdicts["fast"] == "recommended"
+    assert verdicts["slow"] == (
+        "misses the SLO in all 2 configurations; closest: e2e p99 61.2 ms > 50 ms (+22.4 %)"
+    )
+    slow = next(v for v in w.engines if v.engine == "slow")
+    assert dict(slow.best.params)["mode"] == "dynamic"
+    assert slow.best.goodput == pytest.approx(980.0)  # 980 requests within 50 ms in 1 s
+    assert result.exit_code == rec.EXIT_OK
+    text = rec.render(result)
+    assert "RECOMMENDED: fast mode=dynamic: goodput 1000 req/s" in text
+    assert "runner-up: fast mode=static: goodput 800 req/s" in text
+    assert "(20 % lower goodput" in text
+    assert "e2e p99 70 ms > 50 ms (+40 %)" in text  # slow/static in the full list
+
+
+def test_invalid_failed_and_missing_cells_are_never_recommended_but_listed(tmp_path):
+    run = batching_run(tmp_path)
+    w = one(rec.recommend([run], parse_slos("e2e_p99=50ms"), None), "batching")
+    assert all(c.engine != "cheat" for c in w.candidates)
+    left = {(n.engine, dict(n.params)["mode"]): (n.status, n.reasons) for n in w.not_considered}
+    assert left[("cheat", "dynamic")] == ("invalid", ("too few samples",))
+    assert left[("cheat", "static")] == ("failed", ("engine raised: boom",))
+    assert left[("fast", "none")][0] == "missing"
+    verdicts = {v.engine: v.verdict for v in w.engines}
+    assert verdicts["cheat"] == "no valid cell (failed, invalid; see below)"
+    text = rec.render(rec.recommend([run], parse_slos("e2e_p99=50ms"), None))
+    assert "cheat rate=1000 mode=dynamic: invalid: too few samples" in text
+    assert "fast rate=1000 mode=none: missing: no record (interrupted run?)" in text
+
+
+def test_no_cell_meeting_the_slo_is_a_nonzero_exit_with_reasons(tmp_path):
+    run = batching_run(tmp_path)
+    result = rec.recommend([run], parse_slos("e2e_p99=5ms"), None)
+    w = one(result, "batching")
+    assert w.recommended is None
+    assert w.runner_up is None
+    assert result.exit_code == rec.EXIT_NO_RECOMMENDATION == 3
+    verdicts = {v.engine: v.verdict for v in w.engines}
+    assert verdicts["fast"] == (
+        "misses the SLO in all 2 configurations; closest: e2e p99 10 ms > 5 ms (+100 %)"
+    )
+    text = rec.render(result)
+    assert "NO RECOMMENDATION: no valid cell meets the SLO" in text
+    assert "no recommendation for: batching rate=1000 (exit 3)" in text
+
+
+def test_failed_requests_count_as_infinite_latency(tmp_path):
+    # 95 fine requests and 5 failures: the error-adjusted p99 is infinite
+    record = build("batching", "e", {"mode": "none"}, run_id="r", **served([0.001] * 95, failed=5))
+    run = write_run(tmp_path, "r", [record])
+    w = one(rec.recommend([run], parse_slos("e2e_p99=50ms"), None), "batching")
+    assert w.recommended is None
+    assert "e2e p99 inf > 50 ms (failed requests count as infinite latency)" in w.engines[0].verdict
+    data = json.loads(rec.to_json(rec.recommend([run], parse_slos("e2e_p99=50ms"))))
+    assert data["workloads"][0]["candidates"][0]["checks"][0]["value_s"] == "Infinity"
+
+
+def test_cells_from_different_hardware_are_never_mixed(tmp_path):
+    run_a = batching_run(tmp_path, "run-a", ENV_A)
+    # the other machine: only the slow engine ran, and there it is fast enough
+    fast_b = build(
+        "batching",
+        "slow",
+        {"rate": 1000.0, "mode": "static"},
+        run_id="run-b",
+        env=ENV_B,
+        **served([0.005] * 1000),
+    )
+    run_b = write_run(tmp_path, "run-b", [fast_b], env=ENV_B)
+    result = rec.recommend([run_a, run_b], parse_slos("e2e_p99=50ms"), None)
+    assert result.hardware == ("Test CPU A x8, 32 GiB", "Test CPU B x16, 32 GiB")
+    per_machine = {w.hardware: w for w in result.workloads if w.workload == "batching"}
+    assert per_machine["Test CPU A x8, 32 GiB"].recommended.engine == "fast"
+    b = per_machine["Test CPU B x16, 32 GiB"]
+    assert b.recommended.engine == "slow"
+    assert b.recommended.run_id == "run-b"
+    assert {c.run_id for c in per_machine["Test CPU A x8, 32 GiB"].candidates} == {"run-a"}
+    text = rec.render(result)
+    assert "cells come from 2 different machines" in text
+    assert "== batching rate=1000 on Test CPU B x16, 32 GiB ==" in text
+
+
+def test_gpu_hour_cost_per_thousand_requests_and_images(tmp_path):
+    run = batching_run(tmp_path)
+    images = build(
+        "preprocessing",
+        "e",
+        {"backend": "pil", "batch": 8},
+        run_id="p",
+        metrics={"latency": {"p50": 0.04}, "throughput": {"images_per_s": 200.0}},
+        window={"duration_s": 4.0},
+    )
+    result = rec.recommend(
+        [run, write_run(tmp_path, "p", [images])], parse_slos("e2e_p99=50ms"), 3.6
+    )
+    best = one(result, "batching").recommended
+    # 3.6 per hour = 0.001 per second; at 1000 req/s a thousand requests take 1 s
+    assert (best.cost.amount, best.cost.per) == (pytest.approx(0.001), "1k requests")
+    prep = one(result, "preprocessing")
+    assert prep.slos_applied == ()
+    assert prep.recommended.method == "no SLO"
+    assert prep.recommended.engine == "e/pil"
+    # 1000 images at 200 img/s take 5 s: 0.005
+    cost = prep.recommended.cost
+    assert (cost.amount, cost.per) == (pytest.approx(0.005), "1k images")
+    text = rec.render(result)
+    assert "no SLO applied: none of the given SLOs is measured by this workload" in text
+    assert "lowest cost per 1k requests at 3.6 per machine-hour" in text
+
+
+def generative_run(tmp_path, *, single_token=False):
+    """120 requests in 10 s per cell.
+
+    good: ttft 100 ms (one request 300 ms), tpot 20 ms -> p99 (119th of 120) meets
+          ttft<=200ms and tpot<=50ms; 119 requests meet both: goodput 11.9 req/s
+    slow: tpot 60 ms for every request -> tpot p99 60 ms > 50 ms (+20 %)
+    """
+    ttft = [0.1] * 119 + [0.3]
+    tpot = [0.02] * 120
+    e2e = [t + 31 * 0.02 for t in ttft]
+    if single_token:  # a one-token request has no tpot: the columns no longer align
+        tpot = tpot[:-1]
+    good = streamed(ttft, tpot, e2e, window=10.0, tokens_per_s=500.0)
+    slow = streamed([0.1] * 120, [0.06] * 120, [1.96] * 120, window=10.0, tokens_per_s=300.0)
+    recs = [
+        build("streaming", "vllm", {"max_num_seqs": 16}, run_id="g", **good),
+        build("streaming", "other", {"max_num_seqs": 16}, run_id="g", **slow),
+    ]
+    return write_run(tmp_path, "g", recs)
+
+
+def test_generative_ttft_and_tpot_slos_with_goodput_from_samples(tmp_path):
+    run = generative_run(tmp_path)
+    slos = parse_slos("ttft_p99=200ms,tpot_p99=50ms,e2e_p99=2s")
+    result = rec.recommend([run], slos, None)
+    w = one(result, "streaming")
+    assert w.slos_applied == ("ttft_p99<=200ms", "tpot_p99<=50ms", "e2e_p99<=2000ms")
+    assert w.recommended.engine == "vllm"
+    assert w.recommended.method == "samples"
+    assert w.recommended.goodput == pytest.approx(119 / 10.0)
+    verdicts = {v.engine: v.verdict for v in w.engines}
+    assert verdicts["other"] == (
+        "misses the SLO in its only configuration; closest: tpot p99 60 ms > 50 ms (+20 %)"
+    )
+
+
+def test_generative_cost_per_million_output_tokens(tmp_path):
+    run = generative_run(tmp_path)
+    result = rec.recommend([run], parse_slos("ttft_p99=200ms"), 3.6)
+    w = one(result, "streaming")
+    # both meet the TTFT SLO; 0.001 per second / 500 tokens/s * 1e6 = 2.0 per 1M tokens
+    best, second = w.recommended.cost, w.runner_up.cost
+    assert (best.amount, best.per) == (pytest.approx(2.0), "1M output tokens")
+    assert second.amount == pytest.approx(0.001 / 300 * 1e6)
+    assert "lowest cost per 1M output tokens" in w.ranked_by
+    assert "same order as highest output tokens/s" in w.ranked_by
+
+
+def test_unaligned_samples_fall_back_to_percentiles(tmp_path):
+    run = generative_run(tmp_path, single_token=True)
+    w = one(rec.recommend([run], parse_slos("ttft_p99=200ms,tpot_p99=50ms"), None), "streaming")
+    assert w.recommended.method == "percentiles"
+    assert w.recommended.goodput == pytest.approx(12.0)  # its throughput: 120 in 10 s
+    assert "credited its throughput" in rec.render(
+        rec.recommend([run], parse_slos("ttft_p99=200ms,tpot_p99=50ms"), None)
+    )
+
+
+def point(load, throughput, p99, *, offered=None, valid=True):
+    return {
+        "load": load,
+        "offered": offered if offered is not None else load,
+        "valid": valid,
+        "reasons": [] if valid else ["too few samples"],
+        "throughput": throughput,
+        "throughput_ci95": [throughput * 0.95, throughput * 1.05],
+        "error_rate": 0.0,
+        "e2e": {"p50": p99 / 2, "p99": p99, "p99_adjusted": p99},
+        "samples": 1000,
+        "failed": 0,
+        "window_s": 4.0,
+        "warnings": [],
+    }
+
+
+def test_capacity_search_candidate_is_its_best_point_meeting_the_slo(tmp_path):
+    points = [
+        point(100.0, 100.0, 0.004),
+        point(200.0, 199.0, 0.030),
+        point(400.0, 390.0, 0.080),  # misses 50 ms
+        point(300.0, 240.0, 0.040, offered=300.0),  # saturated: 80 % of offered
+        point(250.0, 248.0, 0.010, valid=False),  # invalid: never a candidate
+    ]
+    metrics = {
+        "search": {"points": points},
+        "capacity": {"load": 200.0, "unit": "req/s"},
+        "at_capacity": {},
+    }
+    record = build("capacity", "e", {"batching": "none"}, run_id="c", metrics=metrics)
+    w = one(
+        rec.recommend([write_run(tmp_path, "c", [record])], parse_slos("e2e_p99=50ms"), None),
+        "capacity",
+    )
+    best = w.recommended
+    assert (best.load, best.load_unit, best.goodput) == (200.0, "req/s", 199.0)
+    assert best.method == "load points"
+    assert best.configuration() == "batching=none at load 200 req/s"
+    tight = one(
+        rec.recommend(
+            [write_run(tmp_path, "c2", [record.model_copy(update={"run_id": "c2"})])],
+            parse_slos("e2e_p99=2ms"),
+            None,
+        ),
+        "capacity",
+    )
+    assert tight.recommended is None
+    assert "e2e p99 4 ms > 2 ms (+100 %)" in tight.engines[0].verdict  # the closest point
+
+
+def test_saturated_cell_is_not_recommended(tmp_path):
+    warning = "saturated: completed 3270 req/s of 3518 offered (93%); latency grows with the window"
+    record = build(
+        "batching", "e", {"mode": "none"}, run_id="s", warnings=(warning,), **served([0.001] * 500)
+    )
+    w = one(
+        rec.recommend([write_run(tmp_path, "s", [record])], parse_slos("e2e_p99=50ms"), None),
+        "batching",
+    )
+    assert w.recommended is None
+    assert warning in w.engines[0].verdict
+
+
+def test_offered_load_and_model_are_the_question_not_the_answer(tmp_path):
+    # at 100 req/s nothing can reach the goodput of a 3500 req/s cell: they are not ranked
+    # together; the rate is part of the scenario, the batching mode the configuration
+    low = build(
+        "batching", "e", {"rate": 100.0, "mode": "none"}, run_id="s", **served([0.01] * 100)
+    )
+    high = build(
+        "batching", "e", {"rate": 3500.0, "mode": "none"}, run_id="s", **served([0.01] * 3500)
+    )
+    result = rec.recommend([write_run(tmp_path, "s", [low, high])], parse_slos("e2e_p99=50ms"))
+    titles = [w.title for w in result.workloads]
+    assert titles == ["batching rate=100", "batching rate=3500"]
+    assert all(len(w.candidates) == 1 for w in result.workloads)
+    assert result.workloads[0].recommended.configuration() == "mode=none"
+
+
+def test_precision_cell_offers_its_fp32_reference_as_a_configuration(tmp_path):
+    metrics = {
+        "precision": "int8",
+        "reference": {"p50": 0.0017},
+        "reduced": {"p50": 0.0154},
+        "throughput": {"reference_items_per_s": 4730.0, "reduced_items_per_s": 521.0},
+    }
+    record = build(
+        "precision", "e", {"model": "m", "precision": "int8"}, run_id="q", metrics=metrics
+    )
+    result = rec.recommend([write_run(tmp_path, "q", [record])], parse_slos("e2e_p99=50ms"), 3.6)
+    w = one(result, "precision")
+    assert w.title == "precision model=m"
+    assert w.recommended.configuration() == "precision=int8 [its fp32 reference path]"
+    assert w.recommended.goodput == 4730.0
+    assert w.runner_up.variant is None
+    assert w.runner_up.cost.per == "1k items"
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="python -m harness")
+    rec.register(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+def run_cli(argv):
+    out = io.StringIO()
+    args = parser().parse_args(["recommend", *argv])
+    code = args.func(args, Console(file=out, width=300))
+    return code, out.getvalue()
+
+
+def test_cli_prints_the_recommendation_and_exit_status(tmp_path):
+    run = batching_run(tmp_path)
+    code, out = run_cli([str(run), "--slo", "e2e_p99=50ms", "--gpu-hour-cost", "3.6"])
+    assert code == 0
+    assert "Recommendation for SLO e2e_p99<=50ms; machine cost 3.6 per hour" in out
+    assert "RECOMMENDED: fast mode=dynamic: goodput 1000 req/s" in out
+    assert "0.001 per 1k requests" in out
+    code, out = run_cli([str(run), "--slo", "e2e_p99=1ms"])
+    assert code == 3
+    assert "NO RECOMMENDATION" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--slo", "e2e=50ms"],
+            "bad --slo 'e2e=50ms': SLO 'e2e=50ms': expected METRIC_pNN=DURATION",
+        ),
+        (["--slo", "e2e_p99=fast"], "bad --slo 'e2e_p99=fast'"),
+        (["--slo", "e2e_p99=50ms,e2e_p99=60ms"], "an SLO is given twice"),
+        (["--slo", "e2e_p99=50ms", "--gpu-hour-cost", "-1"], "--gpu-hour-cost must be a positive"),
+    ],
+)
+def test_cli_bad_input_is_a_usage_error(tmp_path, argv, message):
+    run = batching_run(tmp_path)
+    code, out = run_cli([str(run), *argv])
+    assert code == 2
+    assert message in out
+    assert out.startswith("error: ")
+
+
+def test_cli_unreadable_run_dir_is_a_usage_error(tmp_path):
+    code, out = run_cli([str(tmp_path / "nope"), "--slo", "e2e_p99=50ms"])
+    assert code == 2
+    assert "cannot read run directory" in out
+    assert "no manifest.json" in out
+    run = batching_run(tmp_path)
+    (run / "cells" / "x.json").write_text("{")
+    code, out = run_cli([str(run), "--slo", "e2e_p99=50ms"])
+    assert code == 2
+    assert "x.json: corrupt" in out
+
+
+def test_json_output_is_byte_identical_and_complete(tmp_path):
+    run = batching_run(tmp_path)
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (first, second):
+        code, out = run_cli([str(run), "--slo", "e2e_p99=50ms", "--json", str(path)])
+        assert code == 0
+        assert f"wrote {path}" in out
+    assert first.read_bytes() == second.read_bytes()
+    data = json.loads(first.read_bytes())
+    assert data["exit_code"] == 0
+    batching = data["workloads"][0]
+    assert batching["recommended"]["engine"] == "fast"
+    assert batching["recommended"]["goodput"] == pytest.approx(1000.0)
+    assert batching["recommended"]["checks"][0]["value_s"] == pytest.approx(0.01)
+    assert batching["recommended"]["params"] == {"rate": 1000.0, "mode": "dynamic"}
+    assert batching["recommended"]["meets"] is True
+    failing = [c for c in batching["candidates"] if not c["meets"]]
+    assert [c["engine"] for c in failing] == ["slow", "slow"]
+
+
+def test_result_types_validate_themselves():
+    with pytest.raises(ValueError, match="positive duration"):
+        rec.Check("e2e_p99", "e2e", 99.0, 0.0, 0.01)
+    with pytest.raises(ValueError, match="says why"):
+        rec.Check("e2e_p99", "e2e", 99.0, 0.05, None)
+    with pytest.raises(ValueError, match="finite"):
+        rec.Cost(float("inf"), "1k requests")
