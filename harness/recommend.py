@@ -496,6 +496,21 @@ def _saturation(record: CellRecord) -> str | None:
     return found[0] if found else None
 
 
+ANSWER_CHECKS = ("parity vs ", "precision ")
+"""Prefixes of the warnings a workload gives when a faster path changed the model's
+answers beyond its stated tolerance (preprocessing parity, precision agreement)."""
+
+
+def _answers_changed(record: CellRecord) -> str | None:
+    """A faster path that changes the answers is not a win: never recommended."""
+    found = [
+        w
+        for w in (record.validity.warnings if record.validity else ())
+        if w.startswith(ANSWER_CHECKS)
+    ]
+    return f"changes the model's answers beyond tolerance: {found[0]}" if found else None
+
+
 def _base(cell: _Cell, record: CellRecord) -> dict[str, Any]:
     warnings = record.validity.warnings if record.validity else ()
     return {
@@ -536,7 +551,7 @@ def _simple(cell: _Cell, record: CellRecord, slos: Sequence[SLO]) -> Candidate |
         counts=counts,
         output_tokens_per_s=_num(record.metric(TOKENS_PER_S)),
         goodput_ci95=ci if goodput is not None else None,
-        blocker=_saturation(record),
+        blocker=_saturation(record) or _answers_changed(record),
     )
 
 
@@ -686,7 +701,9 @@ def _precision_pair(cell: _Cell, record: CellRecord) -> tuple[Candidate, ...]:
         base = _base(cell, record) | {"load": None, "load_unit": None, "checks": ()}
         figures: dict[str, Any] = {"method": "no SLO", "unit": unit, "counts": counts}
         return (
-            Candidate(**base, **figures, goodput=low, throughput=low),
+            Candidate(
+                **base, **figures, goodput=low, throughput=low, blocker=_answers_changed(record)
+            ),
             Candidate(**base, **figures, goodput=ref, throughput=ref, variant=REFERENCE),
         )
     return ()
@@ -798,7 +815,8 @@ def _engine_verdict(
     if best.meets and winner is not None:
         return EngineVerdict(engine, best, _beaten(best, winner))
     tried = "its only configuration" if len(own) == 1 else f"all {len(own)} configurations"
-    return EngineVerdict(engine, best, f"misses the SLO in {tried}; closest: {_why_missed(best)}")
+    what = "the SLO" if any(c.checks for c in own) else "what a recommendation needs"
+    return EngineVerdict(engine, best, f"misses {what} in {tried}; closest: {_why_missed(best)}")
 
 
 def _advise(
@@ -1009,7 +1027,7 @@ def _render_all(w: WorkloadAdvice, several_runs: bool) -> list[str]:
         return []
     lines = ["all configurations (best first):"]
     for i, c in enumerate(w.candidates, start=1):
-        verdict = _describe(c) if c.meets else f"misses: {_why_missed(c)}"
+        verdict = _describe(c) if c.meets else f"not recommended: {_why_missed(c)}"
         lines.append(f"  {i}. {_named(c, several_runs)}: {verdict}")
     return lines
 

@@ -417,6 +417,25 @@ def test_saturated_cell_is_not_recommended(tmp_path):
     assert warning in w.engines[0].verdict
 
 
+def test_a_faster_path_that_changes_the_answers_is_not_recommended(tmp_path):
+    breach = "parity vs pil: max abs diff 0.683 > 0.1"
+    fast = build(
+        "batching",
+        "e",
+        {"mode": "opencv"},
+        run_id="p",
+        warnings=(breach,),
+        **served([0.001] * 900),
+    )
+    slow = build("batching", "e", {"mode": "pil"}, run_id="p", **served([0.001] * 500))
+    run = write_run(tmp_path, "p", [fast, slow])
+    w = one(rec.recommend([run], parse_slos("e2e_p99=50ms"), None), "batching")
+    assert w.recommended is not None
+    assert dict(w.recommended.params) == {"mode": "pil"}
+    text = rec.render(rec.recommend([run], parse_slos("e2e_p99=50ms"), None))
+    assert f"not recommended: changes the model's answers beyond tolerance: {breach}" in text
+
+
 def test_offered_load_and_model_are_the_question_not_the_answer(tmp_path):
     # at 100 req/s nothing can reach the goodput of a 3500 req/s cell: they are not ranked
     # together; the rate is part of the scenario, the batching mode the configuration
