@@ -64,9 +64,7 @@ def hardware_label(env: Mapping[str, Any]) -> str:
     return ", ".join(str(p) for p in parts)
 
 
-def differences(
-    a: Mapping[str, Any], b: Mapping[str, Any], allow: Iterable[str] = ()
-) -> list[str]:
+def differences(a: Mapping[str, Any], b: Mapping[str, Any], allow: Iterable[str] = ()) -> list[str]:
     """Fields (dotted, sorted) whose values differ between fingerprints ``a`` and ``b``,
     leaving out ``IGNORED_FIELDS`` and the ``allow`` patterns (fnmatch, e.g.
     ``packages.onnxruntime`` or ``packages.*``)."""
