@@ -43,6 +43,7 @@ class CellResult:
     seeds: dict[str, int]
     validity: Validity
     slow: SlowLog | None = None
+    single_stream: str | None = None
 
 
 @dataclass
@@ -73,10 +74,17 @@ class Cell:
         window: dict[str, float | int] | None = None,
         seeds: dict[str, int] | None = None,
         slow: SlowLog | None = None,
+        single_stream: str | None = None,
     ) -> Validity:
-        """Store the measured result; the validity verdict is decided here, once."""
+        """Store the measured result; the validity verdict is decided here, once.
+
+        ``single_stream`` names the ``samples`` key holding one latency per request, for a
+        workload that kept exactly one request in flight (pytest-benchmark is fed those).
+        """
         if self.result is not None:
             raise RuntimeError(f"cell {self.cell_id} already finished")
+        if single_stream is not None and single_stream not in (samples or {}):
+            raise ValueError(f"single_stream={single_stream!r} names no samples of this cell")
         validity = judge(evidence, self.policy)
         if slow is not None:
             metrics = metrics | {
@@ -95,6 +103,7 @@ class Cell:
             seeds=seeds or {},
             validity=validity,
             slow=slow,
+            single_stream=single_stream,
         )
         return validity
 
@@ -140,6 +149,7 @@ class Cell:
             stderr_tail=tuple(stderr_tail),
             telemetry=self.telemetry,
             slow_requests=self._slow() if keep else (),
+            single_stream=res.single_stream if res and keep else None,
         )
 
     def _slow(self) -> tuple[dict[str, Any], ...]:

@@ -16,7 +16,7 @@ from typing import Any, Protocol, cast
 
 import pytest
 
-from harness import registry, report, store
+from harness import benchbridge, registry, report, store
 from harness.cell import Cell
 from harness.config import Isolation, RunSettings, UsageError
 from harness.engine import Engine, EngineConfig, EngineError, is_fatal
@@ -89,6 +89,8 @@ def pytest_configure(config: pytest.Config) -> None:
         sink = EventSink(config.getoption("harness_events_fd"))
         config.stash[WORKER] = (spec, sink)
         config.pluginmanager.register(WorkerSession(config, spec, sink), "harness-worker")
+        if benchbridge.active(config):
+            benchbridge.make_inert(config)  # only the controller writes benchmark files
         return
     resume = settings.reliability.resume
     if resume is not None:
@@ -99,6 +101,8 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
         config.stash[RESUME] = (resume, manifest, latest)
     config.stash[RESTORE_SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
+    if benchbridge.active(config):
+        benchbridge.register(config, lambda: config.stash.get(RUN, None))
 
 
 class Terminated(KeyboardInterrupt):

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from harness.redact import redact
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
 
@@ -109,6 +109,9 @@ class CellRecord(_Frozen):
     slow_requests: tuple[dict[str, Any], ...] = ()
     """Requests slower than twice the cell's p99 or over an SLO, with their stage spans,
     generator lag and the telemetry sample around them (harness.slowlog)."""
+    single_stream: str | None = None
+    """The ``samples`` key holding one latency per request of a cell that kept one request
+    in flight at a time (None: not such a cell). Those samples feed pytest-benchmark."""
 
     _ids = field_validator("run_id", "cell_id")(check_id)
 
@@ -136,6 +139,8 @@ class CellRecord(_Frozen):
             raise ValueError("duration_s must be >= 0")
         if self.attempt < 1:
             raise ValueError("attempt counts from 1")
+        if self.single_stream is not None and self.single_stream not in self.samples:
+            raise ValueError(f"single_stream names {self.single_stream!r}, which is not a sample")
         return self
 
     def metric(self, path: str) -> Any:
@@ -217,11 +222,17 @@ def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 4}
 
 
+def _v4_to_v5(data: dict[str, Any]) -> dict[str, Any]:
+    """v5 added record ``single_stream``; a v4 record declared none."""
+    return {**data, "schema_version": 5}
+
+
 # schema_version -> function turning a dict of that version into the next version.
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
     3: _v3_to_v4,
+    4: _v4_to_v5,
 }
 
 

@@ -120,8 +120,10 @@ def finish(
     offered_rate: float | None,
     seed: int,
     extra: dict[str, Any] | None = None,
+    single_stream: str | None = None,
 ) -> None:
-    """Summarize the requests into the cell's metrics, evidence, samples and slow log."""
+    """Summarize the requests into the cell's metrics, evidence, samples and slow log;
+    ``single_stream`` as in ``Cell.finish`` (a sample key, for one request in flight)."""
     summary = summarize_stream(records, settings.slos, offered_rate)
     cell.finish(
         metrics=summary.metrics | (extra or {}),
@@ -131,4 +133,5 @@ def finish(
         window={"duration_s": summary.evidence.window_s, "requests": len(records)},
         seeds={"requests": seed, "model": settings.seed},
         slow=summary.slow,
+        single_stream=single_stream,
     )

@@ -176,6 +176,7 @@ def test_shapes(
             "warmup_iterations": harness_settings.profile.warmup_iterations,
         },
         seeds={"sizes": seed, "inputs": seed, "model": seed},
+        single_stream="latency",  # one request in flight: each sample is one request's time
     )
 
 
