@@ -122,6 +122,7 @@ class StreamState:
 
 class OpenAIEngine:
     name: ClassVar[str] = "openai"
+    network_client: ClassVar[bool] = True  # --clients N: N processes may share its load
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.GENERATIVE,
         devices=frozenset({"cpu", "cuda"}),

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import enum
+import importlib.util
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import registry
+from harness.multiclient import is_network_client
 from harness.streaming import SLO, parse_slos
 from harness.validity import Policy
 
@@ -120,6 +122,50 @@ class Reliability:
             raise ValueError("worker_memory_bytes must be > 0")
 
 
+class Dist(enum.StrEnum):
+    LOCAL = "local"
+    RAY = "ray"
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Where cells run (harness.raydist): here, or as Ray tasks on a cluster.
+
+    ``address``: a running cluster (``host:port``); None starts a local Ray instance.
+    ``cpus_per_cell`` / ``gpus_per_cell``: what each cell's task asks Ray for (a GPU cell
+    gets a whole device by default: never two cells on one GPU). ``retries``: how many
+    times a cell lost to the infrastructure (its Ray worker or node died) runs again; a
+    cell that failed on its own does not. ``python``: per engine, the interpreter of a
+    pre-built environment present on every node (engine families pin conflicting
+    packages); otherwise this process's interpreter, which must exist on every node.
+    """
+
+    mode: Dist = Dist.LOCAL
+    address: str | None = None
+    cpus_per_cell: float = 1.0
+    gpus_per_cell: float = 1.0
+    retries: int = 2
+    python: Mapping[str, Path] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.cpus_per_cell) and self.cpus_per_cell > 0):
+            raise ValueError("cpus_per_cell must be > 0")
+        if not (math.isfinite(self.gpus_per_cell) and 0 < self.gpus_per_cell <= 1):
+            raise ValueError("gpus_per_cell must be in (0, 1]")
+        if self.retries < 0:
+            raise ValueError("retries must be >= 0")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "address": self.address,
+            "cpus_per_cell": self.cpus_per_cell,
+            "gpus_per_cell": self.gpus_per_cell,
+            "retries": self.retries,
+            "python": {k: str(v) for k, v in sorted(self.python.items())},
+        }
+
+
 @dataclass(frozen=True)
 class RunSettings:
     engines: tuple[str, ...]
@@ -132,7 +178,10 @@ class RunSettings:
     dims: Mapping[str, int] = field(default_factory=dict)
     engine_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     slos: tuple[SLO, ...] = ()
+    clients: int = 1
+    """Client processes that share the load of an HTTP engine (harness.multiclient)."""
     reliability: Reliability = field(default_factory=Reliability)
+    dist: Distribution = field(default_factory=Distribution)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -151,6 +200,8 @@ class RunSettings:
             "slos": {s.key: s.threshold_s for s in self.slos},
             "gen_requests": self.profile.gen_requests,
             "request_timeout_s": self.reliability.request_timeout_s,
+            "clients": self.clients,
+            "dist": self.dist.to_json(),
         }
 
     @property
@@ -162,6 +213,7 @@ class RunSettings:
         depend on); where results land and how cells are isolated may differ."""
         data = self.to_json()
         data.pop("results_dir")
+        data.pop("dist")  # a run started on one machine may be finished on a cluster
         return data
 
 
@@ -290,7 +342,9 @@ def parse_settings(
     dims: Sequence[str] | None = None,
     engine_options: Sequence[str] | None = None,
     slo: str | None = None,
+    clients: int = 1,
     reliability: Reliability | None = None,
+    dist: Distribution | None = None,
 ) -> RunSettings:
     names = _engines(engines)
     if seed < 0:
@@ -306,7 +360,9 @@ def parse_settings(
         dims=_dims(dims),
         engine_options=_engine_options(engine_options, names),
         slos=_slos(slo),
+        clients=_clients(clients, names),
         reliability=reliability or Reliability(),
+        dist=dist or Distribution(),
     )
 
 
@@ -361,6 +417,59 @@ def parse_reliability(
     )
 
 
+def parse_dist(
+    *,
+    mode: str,
+    address: str | None,
+    cpus_per_cell: float,
+    gpus_per_cell: float,
+    retries: int,
+    python: Sequence[str] | None,
+    isolation: str,
+) -> Distribution:
+    # "no" as pytest-xdist spells it: pytest-benchmark reads any other value of the
+    # option as xdist distributing tests, and disables itself
+    try:
+        dist = Dist.LOCAL if mode == "no" else Dist(mode)
+    except ValueError:
+        raise UsageError(f"--dist {mode!r}: choose no (this machine) or ray") from None
+    if dist is Dist.LOCAL:
+        given = [n for n, v in (("--ray-address", address), ("--ray-python", python)) if v]
+        if given:
+            raise UsageError(f"{', '.join(given)} only apply with --dist=ray")
+        return Distribution()
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError(
+            "--dist=ray needs Ray: pip install 'inference-harness[ray]' (or tox -e ray)"
+        )
+    if isolation != Isolation.PROCESS.value:
+        raise UsageError("--dist=ray runs every cell with process isolation: drop --isolation")
+    try:
+        return Distribution(
+            mode=dist,
+            address=address,
+            cpus_per_cell=cpus_per_cell,
+            gpus_per_cell=gpus_per_cell,
+            retries=retries,
+            python=_pythons(python or ()),
+        )
+    except ValueError as exc:
+        raise UsageError(f"--dist=ray: {exc}") from None
+
+
+def _pythons(values: Sequence[str]) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for value in values:
+        engine, sep, path = value.partition("=")
+        if not sep or not engine.strip() or not path.strip():
+            raise UsageError(
+                f"--ray-python {value!r}: expected ENGINE=PATH to a Python interpreter,"
+                " e.g. torch=/opt/envs/torch/bin/python"
+            )
+        out[engine.strip()] = Path(path.strip())
+    return out
+
+
 def _resume_dir(resume: str | None) -> Path | None:
     if resume is None:
         return None
@@ -368,6 +477,20 @@ def _resume_dir(resume: str | None) -> Path | None:
     if not (path / "manifest.json").is_file():
         raise UsageError(f"--resume {resume!r}: not a run directory (no manifest.json in it)")
     return path
+
+
+def _clients(clients: int, engines: Sequence[str]) -> int:
+    """Several client processes each hold their own engine instance: only an engine that
+    is a client of a server (HTTP) can be driven that way."""
+    if clients < 1:
+        raise UsageError(f"--clients must be >= 1, got {clients}")
+    local = [e for e in engines if clients > 1 and not is_network_client(registry.load(e))]
+    if local:
+        raise UsageError(
+            f"--clients {clients}: not an HTTP engine: {', '.join(local)}; several client"
+            " processes can only drive an engine that is a client of a server (e.g. openai)"
+        )
+    return clients
 
 
 def _slos(text: str | None) -> tuple[SLO, ...]:

@@ -37,6 +37,10 @@ PACKAGES = (
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+RAY_NODE_ENV = "HARNESS_RAY_NODE"
+"""Set by harness.raydist on a Ray node: the node's address, recorded in the fingerprint."""
+
+
 @functools.cache
 def fingerprint() -> dict[str, Any]:
     """The environment of this process, as plain JSON-able data."""
@@ -53,6 +57,7 @@ def fingerprint() -> dict[str, Any]:
         "git": _git(REPO_ROOT),
         "gpu": _gpu(),
         "hostname": platform.node(),
+        **({"ray_node": os.environ[RAY_NODE_ENV]} if RAY_NODE_ENV in os.environ else {}),
     }
 
 

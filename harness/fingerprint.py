@@ -22,9 +22,9 @@ HARDWARE_FIELDS = (
 """Dotted fields (``*`` matches a list index) that say which machine measured a cell.
 Memory is compared in whole GiB: the total the kernel reports moves by a few MiB."""
 
-IGNORED_FIELDS = ("git.*", "hostname", "memory_bytes")
+IGNORED_FIELDS = ("git.*", "hostname", "ray_node", "memory_bytes")
 """Fields that differ between any two runs without making them incomparable: the code
-under test and the host's name (``memory_bytes`` is compared as ``memory_gib``)."""
+under test, the host's name and Ray node (``memory_bytes`` is compared as ``memory_gib``)."""
 
 
 def flatten(env: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -10,6 +10,7 @@ from harness.config import (
     ProfileName,
     RunSettings,
     UsageError,
+    parse_dist,
     parse_reliability,
     parse_settings,
 )
@@ -69,6 +70,14 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="ENGINE.KEY=VALUE",
         help="adapter option, e.g. onnxruntime.intra_op_threads=2",
     )
+    group.addoption(
+        "--clients",
+        type=int,
+        default=1,
+        metavar="N",
+        help="client processes sharing the load of an HTTP engine, each taking every N-th"
+        " scheduled request (default: 1, the load comes from this process)",
+    )
     _add_reliability_options(parser)
 
 
@@ -119,9 +128,55 @@ def _add_reliability_options(parser: pytest.Parser) -> None:
         metavar="RUN_DIR",
         help="finish an interrupted or failed run: run only its cells without an ok record",
     )
+    _add_dist_options(group)
     # Internal: how a controller starts a worker (harness.isolation).
     group.addoption("--harness-worker", metavar="SPEC", help=argparse.SUPPRESS)
+    # Internal: a run of exactly one cell, on a Ray node (harness.remotecell).
+    group.addoption("--harness-only", metavar="NODEID", help=argparse.SUPPRESS)
     group.addoption("--harness-events-fd", type=int, help=argparse.SUPPRESS)
+
+
+def _add_dist_options(group: pytest.OptionGroup) -> None:
+    group.addoption(
+        "--dist",
+        default="no",
+        help="no (or local): cells run on this machine; ray: each cell is a Ray task on a"
+        " cluster, records come back into this run directory (default: no)",
+    )
+    group.addoption(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="the Ray cluster to run on (default: start a local Ray instance)",
+    )
+    group.addoption(
+        "--ray-cpus-per-cell",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="CPUs each cell's Ray task asks for (default: 1)",
+    )
+    group.addoption(
+        "--ray-gpus-per-cell",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="GPUs a --device=cuda cell's task asks for; 1 keeps cells off each other's"
+        " device (default: 1)",
+    )
+    group.addoption(
+        "--ray-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="reruns of a cell lost to the cluster (dead worker or node); a cell that failed"
+        " on its own is not rerun (default: 2)",
+    )
+    group.addoption(
+        "--ray-python",
+        action="append",
+        metavar="ENGINE=PATH",
+        help="the Python of a pre-built environment for ENGINE's cells on every node",
+    )
 
 
 def settings_from(config: pytest.Config) -> RunSettings:
@@ -150,7 +205,17 @@ def settings_from(config: pytest.Config) -> RunSettings:
             dims=opt("dim"),
             engine_options=opt("engine_opt"),
             slo=opt("slo"),
+            clients=opt("clients"),
             reliability=reliability,
+            dist=parse_dist(
+                mode=opt("dist"),
+                address=opt("ray_address"),
+                cpus_per_cell=opt("ray_cpus_per_cell"),
+                gpus_per_cell=opt("ray_gpus_per_cell"),
+                retries=opt("ray_retries"),
+                python=opt("ray_python"),
+                isolation=opt("isolation"),
+            ),
         )
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None

@@ -16,9 +16,9 @@ from typing import Any, Protocol, cast
 
 import pytest
 
-from harness import benchbridge, registry, report, store
+from harness import benchbridge, raydist, registry, report, store
 from harness.cell import Cell
-from harness.config import Isolation, RunSettings, UsageError
+from harness.config import Dist, Isolation, RunSettings, UsageError
 from harness.engine import Engine, EngineConfig, EngineError, is_fatal
 from harness.isolation import Supervisor, groups
 from harness.options import add_options, settings_from
@@ -135,6 +135,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     only the run's planned cells that have no ok record."""
     order = {name: i for i, name in enumerate(settings_of(config).engines)}
     items.sort(key=lambda item: order.get(engine_of(item) or "", -1))  # stable sort
+    only = config.getoption("harness_only")
+    if only:  # a Ray node runs one cell of the driver's run (harness.remotecell)
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid != only])
+        items[:] = [i for i in items if i.nodeid == only]
     resume = config.stash.get(RESUME, None)
     if resume is not None:
         _select_for_resume(config, items, resume[1], resume[2])
@@ -418,6 +422,11 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return None
     if session.testsfailed and not config.option.continue_on_collection_errors:
         raise session.Interrupted(f"{session.testsfailed} error(s) during collection")
+    if settings.dist.mode is Dist.RAY:
+        raydist.run(session, state, settings)
+        if state.fatal_error:
+            pytest.exit(state.fatal_error, returncode=pytest.ExitCode.INTERRUPTED)
+        return True
     supervisor = Supervisor(
         session,
         state,

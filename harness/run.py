@@ -19,7 +19,7 @@ from harness import store
 from harness.cell import Cell, make_cell_id
 from harness.config import RunSettings, UsageError
 from harness.environment import fingerprint
-from harness.records import Manifest, ParamValue, PlannedCell, RecordError, Status
+from harness.records import CellRecord, Manifest, ParamValue, PlannedCell, RecordError, Status
 from harness.worker import EventSink
 
 ENGINE_ARG = "engine_name"
@@ -103,6 +103,18 @@ class RunState:
         self.note(record.cell_id, record.status)
         if self.sink is not None:
             self.sink.send("record", cell_id=record.cell_id, status=record.status.value)
+
+    def adopt(self, record: CellRecord) -> None:
+        """A record measured elsewhere (a Ray node, harness.raydist) joins this run."""
+        try:
+            store.write_record(self.run_dir, record)
+        except store.RecordExists:
+            self.incident(f"{record.cell_id}: a record of this attempt exists; kept it")
+            return
+        except store.StorageError as exc:
+            self.fatal(f"{exc}. Finished records are kept; finish the run with --resume")
+            return
+        self.note(record.cell_id, record.status)
 
     # -- the Recorder protocol of harness.isolation ------------------------------------
     def note(self, cell_id: str, status: Status) -> None:

@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from harness.cell import Cell
+from harness.clock import MonotonicClock
 from harness.config import RunSettings
 from harness.engine import (
+    EngineConfig,
     EngineError,
     ExposesCounters,
     GenerationRequest,
     GenerativeEngine,
     counter_delta,
+)
+from harness.genload import Driver
+from harness.multiclient import (
+    ClosedShare,
+    Deadlines,
+    Launcher,
+    LocalProcesses,
+    OpenShare,
+    Share,
+    SharedLoad,
+    run_shared,
 )
 from harness.plugin import OpenEngine
 from harness.records import Headline
@@ -64,6 +81,17 @@ def open_generative(
     model: Path,
     options: dict[str, str] | None = None,
 ) -> GenerativeEngine:
+    return _open(request, open_engine, cell, model, options)[0]
+
+
+def _open(
+    request: pytest.FixtureRequest,
+    open_engine: OpenEngine,
+    cell: Cell,
+    model: Path,
+    options: dict[str, str] | None = None,
+) -> tuple[GenerativeEngine, EngineConfig]:
+    """The engine, and the config it was opened with (for client processes to repeat)."""
     opts = dict(options or {})
     settings: RunSettings = request.getfixturevalue("harness_settings")
     endpoint = None
@@ -75,7 +103,106 @@ def open_generative(
         endpoint.pin_client()  # after open_engine: closing a previous engine may unpin
     if not isinstance(engine, GenerativeEngine):
         raise EngineError(f"{cell.engine} is not a generative engine")
-    return engine
+    # as open_engine merges them: the user's --engine-opt values win
+    merged = {**opts, **settings.engine_options.get(cell.engine, {})}
+    return engine, EngineConfig(model=model, device=settings.device, options=merged)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A run's requests, and (several client processes) which clients sent them."""
+
+    records: list[RequestRecord]
+    clients: dict[str, Any] | None = None
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """For the cell's metrics: the clients, their request counts and lag p99s."""
+        return {} if self.clients is None else {"clients": self.clients}
+
+
+RUN_GRACE_S = 30.0
+"""Past the last scheduled send and the request timeout, before a client is given up."""
+
+
+@dataclass
+class LoadSource:
+    """Where a generative workload's load comes from: this process's driver, or, with
+    ``--clients N`` (an HTTP engine), N client processes sharing one schedule."""
+
+    driver: Driver
+    aio: asyncio.Runner
+    settings: RunSettings
+    engine: str
+    config: EngineConfig
+    launcher: Launcher = field(default_factory=LocalProcesses)
+    _warmup: tuple[GenerationRequest, ...] = ()
+
+    @property
+    def clients(self) -> int:
+        return self.settings.clients
+
+    def warm_up(self, requests: Sequence[GenerationRequest], users: int) -> None:
+        """Here, at once; with client processes, each client before the start barrier."""
+        if self.clients > 1:
+            self._warmup = tuple(requests)
+        else:
+            self.aio.run(self.driver.closed_loop(requests, users))
+
+    def open_loop(
+        self, requests: Sequence[GenerationRequest], offsets: npt.NDArray[np.float64]
+    ) -> Sent:
+        if self.clients == 1:
+            return Sent(self.aio.run(self.driver.open_loop(requests, offsets)))
+        last = float(offsets[-1]) if offsets.size else 0.0
+        return self._shared(requests, OpenShare(tuple(offsets.tolist())), last)
+
+    def closed_loop(
+        self,
+        requests: Sequence[GenerationRequest],
+        users: int,
+        min_duration_s: float | None = None,
+        min_requests: int = 0,
+    ) -> Sent:
+        if self.clients == 1:
+            run = self.driver.closed_loop(requests, users, min_duration_s, min_requests)
+            return Sent(self.aio.run(run))
+        share = ClosedShare(users, min_duration_s, min_requests)
+        return self._shared(requests, share, None)
+
+    def _shared(
+        self, requests: Sequence[GenerationRequest], share: Share, last_send_s: float | None
+    ) -> Sent:
+        timeout = self.settings.reliability.request_timeout_s
+        run_s = self.settings.cell_timeout_s  # a closed loop: as long as the cell may take
+        if last_send_s is not None:
+            run_s = min(run_s, last_send_s + timeout + RUN_GRACE_S)
+        shared = SharedLoad(
+            engine=self.engine,
+            config=self.config,
+            requests=tuple(requests),
+            load=share,
+            clients=self.clients,
+            timeout_s=timeout,
+            warmup=self._warmup,
+        )
+        deadlines = Deadlines(ready_s=self.settings.reliability.load_timeout_s, run_s=run_s)
+        merged = run_shared(shared, self.launcher, deadlines)
+        return Sent(list(merged.records), merged.to_json())
+
+
+def load_source(
+    request: pytest.FixtureRequest,
+    open_engine: OpenEngine,
+    cell: Cell,
+    model: Path,
+    aio: asyncio.Runner,
+) -> tuple[GenerativeEngine, LoadSource]:
+    """The cell's engine (here: describe(), counters) and where its load comes from."""
+    engine, config = _open(request, open_engine, cell, model)
+    settings: RunSettings = request.getfixturevalue("harness_settings")
+    driver = Driver(engine, MonotonicClock(), settings.reliability.request_timeout_s)
+    return engine, LoadSource(driver, aio, settings, cell.engine, config)
 
 
 HEADLINE = (

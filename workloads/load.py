@@ -7,7 +7,6 @@ needs for the point the search settles on: its evidence, raw samples and slow lo
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -24,17 +23,16 @@ from harness.cell import Cell
 from harness.clock import Clock, MonotonicClock
 from harness.config import RunSettings
 from harness.engine import EngineError, TensorEngine, device_spans
-from harness.genload import Driver
 from harness.loadgen import OpenLoop, Schedule
 from harness.records import Headline
 from harness.servestats import summarize_trace
 from harness.slowlog import SlowLog
-from harness.streaming import SLO, RequestRecord
+from harness.streaming import SLO
 from harness.streamstats import summarize_stream
 from harness.telemetry import Telemetry
 from harness.validity import Evidence, Verdict, judge
 from workloads import inputs
-from workloads.generative import make_requests
+from workloads.generative import LoadSource, Sent, make_requests
 
 Array = npt.NDArray[np.float64]
 
@@ -90,6 +88,9 @@ def _compact(metrics: Mapping[str, Any], ev: Evidence, warnings: Sequence[str]) 
     if "ttft" in metrics:
         ttft = metrics["ttft"]
         out["ttft"] = {k: ttft.get(k) for k in ("p50", "p99", "ci95")}
+    if "clients" in metrics:  # several client processes: each one's share of the point
+        keep = ("index", "requests", "failed", "lag_p99_s", "start_late_s", "error")
+        out["clients"] = [{k: c[k] for k in keep} for c in metrics["clients"]["per_client"]]
     return out
 
 
@@ -181,10 +182,10 @@ class TensorTarget:
 
 @dataclass
 class GenerativeTarget:
-    """Streamed requests with seeded unique prompts; every point draws new prompts."""
+    """Streamed requests with seeded unique prompts; every point draws new prompts. The
+    load comes from ``source``: this process, or ``--clients`` client processes."""
 
-    driver: Driver
-    aio: asyncio.Runner
+    source: LoadSource
     settings: RunSettings
     slos: tuple[SLO, ...]
     vocab: int
@@ -200,18 +201,20 @@ class GenerativeTarget:
             n, self.seed + 7919 * self._draws, self.vocab, self.prompt, self.output
         )
 
-    def _summarize(self, load: float, records: list[RequestRecord], offered: float | None) -> Point:
-        s = summarize_stream(records, self.slos, offered)
-        m = measured(load, s, self.settings)
+    def _summarize(self, load: float, sent: Sent, offered: float | None) -> Point:
+        s = summarize_stream(sent.records, self.slos, offered)
+        m = measured(load, replace(s, metrics=s.metrics | sent.extra), self.settings)
         self.points[load] = m
         return m.point
 
     def serve(self, schedule: Schedule) -> Served:
         offsets = schedule.schedule(self.seed + self._draws)
         reqs = self.requests(int(offsets.size))
-        records = self.aio.run(self.driver.open_loop(reqs, offsets))
+        sent = self.source.open_loop(reqs, offsets)
+        records = sent.records
         offered = offsets.size / schedule.duration
         s = summarize_stream(records, self.slos, offered)
+        s = replace(s, metrics=s.metrics | sent.extra)
         start = min(r.t_sched for r in records) - float(offsets[0])
         t_sched = np.array([r.t_sched - start for r in records])
         latency = np.array([r.t_last - r.t_sched if r.ok else np.inf for r in records])
@@ -223,8 +226,8 @@ class GenerativeTarget:
             self.settings.profile.gen_requests, math.ceil(rate * self.settings.profile.window_s)
         )
         offsets = OpenLoop(rate=rate, duration=n / rate).schedule(self.seed + self._draws)
-        records = self.aio.run(self.driver.open_loop(self.requests(int(offsets.size)), offsets))
-        return self._summarize(rate, records, offsets.size / (n / rate))
+        sent = self.source.open_loop(self.requests(int(offsets.size)), offsets)
+        return self._summarize(rate, sent, offsets.size / (n / rate))
 
     def users_point(self, users: float) -> Point:
         """At least the profile's request count and its window: enough requests for the
@@ -234,10 +237,10 @@ class GenerativeTarget:
         per_user = last.point.throughput / last.point.load if last else 0.0
         expected = per_user * users * profile.window_s * 1.5
         n = max(profile.gen_requests, 4 * int(users), math.ceil(expected))
-        run = self.driver.closed_loop(
+        sent = self.source.closed_loop(
             self.requests(n), int(users), profile.window_s, profile.gen_requests
         )
-        return self._summarize(users, self.aio.run(run), None)
+        return self._summarize(users, sent, None)
 
 
 def windows(run: Served, edges: Sequence[float]) -> list[dict[str, Any]]:

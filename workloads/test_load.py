@@ -25,15 +25,13 @@ import pytest
 from harness.batching import BatchPolicy, DynamicBatching, NoBatching
 from harness.capacity import KneeRule, SearchPolicy, capacity_search, sweep
 from harness.cell import Cell
-from harness.clock import MonotonicClock
 from harness.config import ProfileName, RunSettings
-from harness.genload import Driver
 from harness.loadgen import Arrivals, OpenLoop, RateShape, Schedule, ShapedLoad
 from harness.plugin import OpenEngine, settings_of
 from harness.servestats import e2e_slos
 from harness.streaming import SLO, parse_slos
 from workloads import inputs
-from workloads.generative import model_dir, open_generative, vocab_size
+from workloads.generative import load_source, model_dir, vocab_size
 from workloads.load import (
     GenerativeTarget,
     TensorTarget,
@@ -107,12 +105,12 @@ def _generative_target(
     slos: tuple[SLO, ...],
 ) -> GenerativeTarget:
     model = model_dir(settings)
-    engine = open_generative(request, open_engine, cell, model)
-    driver = Driver(engine, MonotonicClock(), settings.reliability.request_timeout_s)
+    # with --clients N, N client processes share the load (the engine here reports)
+    _, source = load_source(request, open_engine, cell, model, aio)
     target = GenerativeTarget(
-        driver, aio, settings, slos, vocab_size(model), settings.seed + 4000, PROMPT, OUTPUT
+        source, settings, slos, vocab_size(model), settings.seed + 4000, PROMPT, OUTPUT
     )
-    aio.run(driver.closed_loop(target.requests(8), 8))  # warm-up, also opens connections
+    source.warm_up(target.requests(8), 8)  # also opens connections
     return target
 
 

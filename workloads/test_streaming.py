@@ -12,17 +12,15 @@ import asyncio
 import pytest
 
 from harness.cell import Cell
-from harness.clock import MonotonicClock
 from harness.config import RunSettings
-from harness.genload import Driver
 from harness.loadgen import OpenLoop
 from harness.plugin import OpenEngine
 from workloads.generative import (
     engine_counters,
     finish,
+    load_source,
     make_requests,
     model_dir,
-    open_generative,
     read_counters,
     vocab_size,
 )
@@ -47,28 +45,28 @@ def test_streaming(
     level: float,
 ) -> None:
     model = model_dir(harness_settings)
-    engine = open_generative(request, open_engine, cell, model)
+    # with --clients N, N client processes share the load (the engine here reports)
+    engine, source = load_source(request, open_engine, cell, model, aio)
     seed = harness_settings.seed + 1000
     n = harness_settings.profile.gen_requests
     reqs = make_requests(n, seed, vocab_size(model), PROMPT, OUTPUT)
     warm = make_requests(4, seed + 1, vocab_size(model), PROMPT, OUTPUT)
-    driver = Driver(engine, MonotonicClock(), harness_settings.reliability.request_timeout_s)
-    aio.run(driver.closed_loop(warm, 4))
+    source.warm_up(warm, 4)
     before = read_counters(engine)
     if load == "closed":
-        records = aio.run(driver.closed_loop(reqs, int(level)))
+        sent = source.closed_loop(reqs, int(level))
         offered = None
     else:
         offsets = OpenLoop(rate=level, duration=n / level).schedule(seed)[:n]
-        records = aio.run(driver.open_loop(reqs[: len(offsets)], offsets))
+        sent = source.open_loop(reqs[: len(offsets)], offsets)
         offered = len(offsets) / (n / level)
     counters = engine_counters(before, read_counters(engine))
     finish(
         cell,
         harness_settings,
-        records,
+        sent.records,
         offered_rate=offered,
         seed=seed,
-        extra={"engine_counters": counters},
+        extra={"engine_counters": counters} | sent.extra,
         single_stream="e2e" if (load, level) == SINGLE_STREAM else None,
     )

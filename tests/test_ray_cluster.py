@@ -1,0 +1,161 @@
+"""The ONNX Runtime quick matrix on a real Ray cluster (a head and a worker host, CPUs
+only, in network namespaces this test creates), against the same matrix run locally.
+
+A worker host is killed mid-run: only the cells it had in flight are affected, and they
+are run again on the head. ``tox -e ray`` runs this (root, Ray installed); it takes a
+quarter of an hour on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import report, store
+from harness.records import Status
+from tests.netns import NO_PHONE_HOME, Cluster, can_make_namespaces, start_ray, two_hosts
+
+pytest.importorskip("ray", reason="Ray is not installed (tox -e ray)")
+pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+WHY_NOT = can_make_namespaces()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no test hosts: {WHY_NOT}")
+
+REPO = Path(__file__).resolve().parents[1]
+MATRIX = ["workloads", "--engine=onnxruntime", "--profile=quick", "-p", "no:cacheprovider", "-q"]
+KILL_AFTER_RECORDS = 6
+RUN_LIMIT_S = 1800
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **NO_PHONE_HOME, **(extra or {})}
+    env.setdefault("HARNESS_CACHE_DIR", str(REPO / ".tox" / "harness-cache"))
+    return env
+
+
+def _run_dir(results: Path) -> Path:
+    (run,) = [p for p in results.iterdir() if (p / store.MANIFEST).is_file()]
+    return run
+
+
+def _statuses(run: Path) -> dict[str, Status]:
+    return {r.cell_id: r.status for r in store.read_records(run)}
+
+
+def _local_run(results: Path) -> tuple[Path, float]:
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *MATRIX, f"--results-dir={results}"],
+        cwd=REPO,
+        env=_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=RUN_LIMIT_S,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return _run_dir(results), time.monotonic() - start
+
+
+def _ray_run(results: Path, head, worker, cluster: Cluster) -> tuple[Path, float, str, float]:
+    log = results.parent / "ray-driver.log"
+    argv = head.argv(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *MATRIX,
+            f"--results-dir={results}",
+            "--dist=ray",
+            f"--ray-address={cluster.address}",
+            "--ray-retries=2",
+        ]
+    )
+    start = time.monotonic()
+    with log.open("w") as out:
+        driver = subprocess.Popen(
+            argv, cwd=REPO, env=_env(cluster.env), stdout=out, stderr=subprocess.STDOUT
+        )
+        killed_at = _kill_worker_mid_run(results, worker, driver)
+        code = driver.wait(timeout=RUN_LIMIT_S)
+    text = log.read_text()
+    assert code == 0, text[-4000:]
+    return _run_dir(results), time.monotonic() - start, text, killed_at - start
+
+
+def _kill_worker_mid_run(results: Path, worker, driver: subprocess.Popen[bytes]) -> float:
+    """Once a few records exist (so the worker host has run cells and has one in
+    flight), kill every process on the worker host."""
+    deadline = time.monotonic() + RUN_LIMIT_S
+    while time.monotonic() < deadline and driver.poll() is None:
+        cells = list(results.glob(f"*/{store.CELLS}/*.json"))
+        if len(cells) >= KILL_AFTER_RECORDS:
+            assert worker.kill_all() > 0, "the worker host had no processes to kill"
+            return time.monotonic()
+        time.sleep(0.5)
+    raise AssertionError("the distributed run ended before the worker host could be killed")
+
+
+def test_quick_matrix_on_a_ray_cluster_matches_the_local_run(tmp_path):
+    local, local_s = _local_run(tmp_path / "local")
+    with two_hosts("r") as (head, worker):
+        # Ray's socket paths must fit AF_UNIX's 107 bytes: a short directory of its own
+        temp = Path(tempfile.mkdtemp(prefix="hxray", dir="/tmp"))
+        cluster = start_ray(head, worker, temp)
+        dist, ray_s, log, killed_s = _ray_run(tmp_path / "dist", head, worker, cluster)
+
+    local_status, dist_status = _statuses(local), _statuses(dist)
+    manifest = store.read_manifest(dist)
+    # every planned cell has a record; the same cells as the local run
+    assert manifest.state == "complete"
+    assert set(dist_status) == set(local_status) == {c.cell_id for c in manifest.planned}
+    # what the engine can and cannot run does not depend on where it ran
+    for status in (Status.SKIPPED, Status.FAILED, Status.CRASHED, Status.TIMEOUT):
+        assert {c for c, s in dist_status.items() if s is status} == {
+            c for c, s in local_status.items() if s is status
+        }, status
+    # measured cells stay measured; a validity verdict may differ where two cells
+    # shared this machine's two cores (a cluster's cells each have their own machine)
+    measured = (Status.OK, Status.INVALID)
+    assert {c for c, s in dist_status.items() if s in measured} == {
+        c for c, s in local_status.items() if s in measured
+    }
+    flips = {
+        c: (local_status[c], dist_status[c])
+        for c in dist_status
+        if dist_status[c] is not local_status[c]
+    }
+    assert len(flips) <= 3, flips
+    # the killed host cost only its cells in flight: they were lost and run again
+    lost = [i for i in manifest.incidents if "lost to the cluster" in i]
+    assert 1 <= len(lost) <= 2, manifest.incidents
+    assert all("running it again" in i for i in lost)
+    nodes = {r.environment.get("ray_node") for r in store.read_records(dist)}
+    assert nodes == {head.address, worker.address}  # both hosts ran cells; all came back
+    # the same matrix: rows, columns and which entries have numbers
+    local_matrix = report.build(store.read_manifest(local), store.read_records(local))
+    dist_matrix = report.build(manifest, store.read_records(dist))
+    assert [(r.workload, r.params) for r in dist_matrix.rows] == [
+        (r.workload, r.params) for r in local_matrix.rows
+    ]
+    assert dist_matrix.engines == local_matrix.engines
+    figures = {
+        "local_s": round(local_s, 1),
+        "ray_s": round(ray_s, 1),
+        "ratio": round(ray_s / local_s, 2),
+        "worker_killed_at_s": round(killed_s, 1),
+        "cells": len(dist_status),
+        "verdict_flips": {c: [a.value, b.value] for c, (a, b) in flips.items()},
+        "incidents": list(manifest.incidents),
+    }
+    print(json.dumps(figures, indent=1))
+    out = os.environ.get("HARNESS_RAY_FIGURES")
+    if out:
+        Path(out).write_text(json.dumps(figures, indent=1))
+    assert "ray: 2 node(s)" in log
