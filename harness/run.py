@@ -194,9 +194,14 @@ def read_run(run_dir: Path) -> tuple[Manifest, dict[str, Status]]:
     return manifest, latest
 
 
+SETTINGS_ADDED_LATER: dict[str, object] = {"clients": 1}
+"""Settings newer than some run directories, with the value older runs measured with."""
+
+
 def check_resumable(manifest: Manifest, settings: RunSettings) -> None:
     """A resumed run must measure the way the original did, or its matrix would mix two."""
-    before = {k: v for k, v in manifest.settings.items() if k != "results_dir"}
+    skip = ("results_dir", "dist")  # where results land and where cells run may change
+    before = SETTINGS_ADDED_LATER | {k: v for k, v in manifest.settings.items() if k not in skip}
     now = settings.measurement()
     changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
     if changed:

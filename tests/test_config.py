@@ -2,7 +2,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import PROFILES, ProfileName, UsageError, parse_settings
+from harness.config import (
+    PROFILES,
+    Dist,
+    Distribution,
+    ProfileName,
+    UsageError,
+    parse_settings,
+)
+from harness.records import Manifest
+from harness.run import check_resumable
 
 
 def settings(**kw):
@@ -72,3 +81,17 @@ def test_images_must_be_a_folder_with_images(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(UsageError, match=r"holds no \.jpg, \.jpeg, \.png file"):
         settings(images=str(tmp_path))
+
+
+def test_resume_accepts_older_manifests_and_another_distribution():
+    settings = parse_settings(
+        engines=["null"], device="cpu", profile="quick", results_dir="r", seed=0
+    )
+    old = settings.to_json()
+    del old["clients"]  # written before --clients existed
+    old["dist"] = Distribution(mode=Dist.RAY, address="h:1").to_json()
+    manifest = Manifest(run_id="r1", state="incomplete", created_at="t", settings=old)
+    check_resumable(manifest, settings)  # no usage error
+    changed = dict(old, seed=3)
+    with pytest.raises(UsageError, match="seed: was 3, now 0"):
+        check_resumable(manifest.model_copy(update={"settings": changed}), settings)
