@@ -71,7 +71,7 @@ from rich.markup import escape
 from rich.table import Table
 from scipy import stats as sps
 
-from harness import fingerprint, stats
+from harness import fingerprint, runset, stats
 from harness.records import CellRecord, Headline, Manifest, RecordError, Status
 from harness.report import fmt_number
 from harness.store import MANIFEST, read_manifest, read_records, replace
@@ -202,10 +202,7 @@ class _Run:
 
     @property
     def environment(self) -> dict[str, Any]:
-        # The manifest holds the run's fingerprint; older runs have it in records only.
-        if self.manifest.environment:
-            return self.manifest.environment
-        return next((r.environment for r in self.records.values() if r.environment), {})
+        return runset.environment_of(self.manifest, self.records.values())
 
     @property
     def planned(self) -> set[str]:

@@ -144,7 +144,10 @@ def _sections(figures: list[plots.Plot]) -> list[Section]:
 
 def render(runs: runset.RunSet) -> tuple[str, list[plots.Plot]]:
     """The page and the plots it shows."""
-    merged = runset.merge(runs)
+    return _render(runs, runset.merge(runs))
+
+
+def _render(runs: runset.RunSet, merged: runset.Merged) -> tuple[str, list[plots.Plot]]:
     figures = plots.all_plots(runs)
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("harness", "templates"),
@@ -170,7 +173,8 @@ def render(runs: runset.RunSet) -> tuple[str, list[plots.Plot]]:
 
 def write(runs: runset.RunSet, out_dir: Path) -> Written:
     """Write report.html, plots/*.svg|png and the merged matrix.md / matrix.csv."""
-    page, figures = render(runs)
+    merged = runset.merge(runs)
+    page, figures = _render(runs, merged)
     plot_dir = out_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
@@ -185,7 +189,7 @@ def write(runs: runset.RunSet, out_dir: Path) -> Written:
             stale.unlink()
     html = out_dir / "report.html"
     replace(html, page.encode())
-    matrix = runset.merge(runs).matrix
+    matrix = merged.matrix
     md, csv_path = out_dir / "matrix.md", out_dir / "matrix.csv"
     replace(md, report.to_markdown(matrix).encode())
     replace(csv_path, report.to_csv(matrix).encode())

@@ -340,7 +340,7 @@ def preprocessing_stages(cells: Sequence[Cell]) -> list[Plot]:
     return [plot]
 
 
-def telemetry(runs: RunSet, cells: Sequence[Cell]) -> list[Plot]:
+def telemetry(cells: Sequence[Cell]) -> list[Plot]:
     """CPU use and memory over each column's cells, laid end to end in run order."""
     plots = []
     for column in sorted({c.column for c in cells}):
@@ -397,5 +397,5 @@ def all_plots(runs: RunSet) -> list[Plot]:
         *cdfs(cells, "e2e", "E2E latency"),
         *batch_sizes(cells),
         *preprocessing_stages(cells),
-        *telemetry(runs, cells),
+        *telemetry(cells),
     ]

@@ -69,9 +69,8 @@ class Task:
 
 
 def lost_to_cluster(exc: BaseException) -> bool:
-    return any(type(exc).__name__ == name for name in LOST_TO_CLUSTER) or any(
-        cls.__name__ in LOST_TO_CLUSTER for cls in type(exc).__mro__
-    )
+    # by name: Ray's exception classes are imported only on the driver's Ray path
+    return any(cls.__name__ in LOST_TO_CLUSTER for cls in type(exc).__mro__)
 
 
 class RayRunner:

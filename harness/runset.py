@@ -9,7 +9,7 @@ same machine, the later run's record is shown and the report says which one it r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,14 @@ from typing import Any
 from harness import fingerprint, report
 from harness.records import CellRecord, Manifest
 from harness.store import read_manifest, read_records
+
+
+def environment_of(manifest: Manifest, records: Iterable[CellRecord]) -> dict[str, Any]:
+    """A run's fingerprint: the manifest's, or a record's where the manifest has none
+    (older runs kept it in the records only)."""
+    if manifest.environment:
+        return manifest.environment
+    return next((r.environment for r in records if r.environment), {})
 
 
 @dataclass(frozen=True)
@@ -29,10 +37,7 @@ class Run:
 
     @property
     def environment(self) -> dict[str, Any]:
-        """The manifest's fingerprint, or a record's where the manifest has none."""
-        if self.manifest.environment:
-            return self.manifest.environment
-        return next((r.environment for r in self.records if r.environment), {})
+        return environment_of(self.manifest, self.records)
 
     @property
     def hardware(self) -> str:
