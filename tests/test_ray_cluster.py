@@ -21,6 +21,7 @@ import pytest
 from harness import report, store
 from harness.records import Status
 from tests.netns import NO_PHONE_HOME, Cluster, can_make_namespaces, start_ray, two_hosts
+from tests.runner import run_workloads
 
 pytest.importorskip("ray", reason="Ray is not installed (tox -e ray)")
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
@@ -50,17 +51,9 @@ def _statuses(run: Path) -> dict[str, Status]:
 
 def _local_run(results: Path) -> tuple[Path, float]:
     start = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", *MATRIX, f"--results-dir={results}"],
-        cwd=REPO,
-        env=_env(),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=RUN_LIMIT_S,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return _run_dir(results), time.monotonic() - start
+    done = run_workloads(results.parent, *MATRIX[1:], results=results)
+    assert done.returncode == 0, done.stdout[-6000:]
+    return done.run_dir, time.monotonic() - start
 
 
 def _ray_run(results: Path, head, worker, cluster: Cluster) -> tuple[Path, float, str, float]:
