@@ -24,7 +24,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,10 @@ from harness.validity import Policy, judge
 CPUS = sorted(os.sched_getaffinity(0))  # before any benchmark pins this process
 MAX_LAG_S = 0.001
 MIN_RATIO = 0.99
+SERVER_NICE = int(os.environ.get("HARNESS_BENCH_SERVER_NICE", "-10"))
+"""The no-op server's priority change (root only): it answers at once even on a client's core."""
+CONFIRM_STEPS = 4
+"""At most this many 10 % steps down from the search's best rate to one most repeats pass."""
 X = {"x": np.zeros((1, 4), dtype=np.float32)}
 
 
@@ -273,15 +277,52 @@ class HttpBench:
             measure, SearchPolicy(start=1000 * k, floor=100, ceiling=100_000, tolerance=0.1)
         )
         best = search.capacity.load if search.capacity else None
-        again = [measure(best) for _ in range(self.repeats)] if best else []
+        confirmed, again = self.confirm(best, measure) if best else (None, [])
         return {
             "processes": k,
             "placement": where,
             "max_total_rate": best,
+            "sustained_rate": confirmed,
             "repeats": [p.to_json() for p in again],
             "repeats_passed": sum(p.passes for p in again),
             "median_achieved": float(np.median([p.throughput for p in again])) if again else None,
             "search": search.to_json(),
+        }
+
+    def confirm(
+        self, rate: float, measure: Callable[[float], Point]
+    ) -> tuple[float | None, list[Point]]:
+        """The search's best rate measured ``repeats`` more times; while most of them
+        fail (one lucky pass found it), 10 % less. The offered rate (median of the
+        repeats' own draws) that most repeats pass, and them."""
+        for _ in range(CONFIRM_STEPS):
+            again = [measure(rate) for _ in range(self.repeats)]
+            if 2 * sum(p.passes for p in again) > len(again):
+                return float(np.median([p.load for p in again])), again
+            rate *= 0.9
+        return None, again
+
+    def ladder(self, rates: Sequence[float], processes: Sequence[int]) -> dict[str, Any]:
+        """Every k at every rate, interleaved (k = 1, 2, ..., then again, ``repeats``
+        rounds), so that each k meets the same machine: noise that a search per k would
+        meet at different times falls on all of them alike. A k sustains a rate when
+        most of its rounds there pass, and at every lower rate too."""
+        ks = [k for k in processes if k <= len(CPUS)]
+        launchers = {k: LocalProcesses(cpus=_placement(k)[0]) for k in ks}
+        shows = {k: _progress(f"http x{k}") for k in ks}
+        steps: list[dict[str, Any]] = []
+        for rate in rates:
+            points: dict[int, list[Point]] = {k: [] for k in ks}
+            for _ in range(self.repeats):
+                for k in ks:
+                    points[k].append(self.point(rate, k, launchers[k]))
+                    shows[k](points[k][-1])
+            steps.append({"rate": rate, "points": points})
+            if not any(_most_pass(points[k]) for k in ks):
+                break
+        return {
+            "rates": [s["rate"] for s in steps],
+            "rows": [_ladder_row(k, steps, _placement(k)[1]) for k in ks],
         }
 
     def point(self, total: float, k: int, launcher: LocalProcesses) -> Point:
@@ -318,6 +359,7 @@ def http(
     processes: tuple[int, ...] = (1, 2, 4),
     repeats: int = 3,
     profile: str = "full",
+    ladder: tuple[float, ...] = (),
 ) -> dict[str, Any]:
     """For 1, 2, ... client processes sharing one schedule (harness.multiclient): the
     highest total rate whose merged run is valid, and its median over repeats."""
@@ -325,11 +367,12 @@ def http(
 
     policy = _http_policy(profile)
     port = noop_server.free_port()
-    servers = noop_server.start(port, processes=1, cpus=CPUS[:1])
+    servers = noop_server.start(port, processes=1, cpus=CPUS[:1], nice=SERVER_NICE)
     bench = HttpBench(f"http://127.0.0.1:{port}", duration_s, repeats, policy)
     out: dict[str, Any] = {
         "cpus": len(CPUS),
         "server_cpus": CPUS[:1],
+        "server_nice": SERVER_NICE if os.geteuid() == 0 else 0,
         "duration_s": duration_s,
         "criterion": f"the merged run: completed/offered >= {MIN_RATIO}, sent/offered >="
         f" {policy.min_sent_ratio}, no failures, lag p99 <= {policy.max_lag_p99_s * 1e3:g} ms"
@@ -337,7 +380,11 @@ def http(
         "clients": [],
     }
     try:
-        out["clients"] = [bench.clients(k) for k in processes]
+        if ladder:
+            out["ladder"] = bench.ladder(ladder, processes)
+            out["clients"] = out["ladder"]["rows"]
+        else:
+            out["clients"] = [bench.clients(k) for k in processes]
     finally:
         for s in servers:
             s.terminate()
@@ -347,10 +394,31 @@ def http(
 
 def _ratios(rows: list[dict[str, Any]]) -> None:
     """Each row's sustained rate over the one-client row's."""
-    base = next((r.get("max_total_rate") for r in rows if r["processes"] == 1), None)
+    base = next((r.get("sustained_rate") for r in rows if r["processes"] == 1), None)
     for row in rows:
-        rate = row.get("max_total_rate")
+        rate = row.get("sustained_rate")
         row["vs_one_client"] = rate / base if rate and base else None
+
+
+def _most_pass(points: Sequence[Point]) -> bool:
+    return 2 * sum(p.passes for p in points) > len(points)
+
+
+def _ladder_row(k: int, steps: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    """k's sustained rate on the ladder (the last step of an unbroken run of majority
+    passes from the bottom) and its pass count at every step."""
+    sustained = None
+    for step in steps:
+        if not _most_pass(step["points"][k]):
+            break
+        sustained = step["rate"]
+    return {
+        "processes": k,
+        "placement": where,
+        "sustained_rate": sustained,
+        "passed": [sum(p.passes for p in step["points"][k]) for step in steps],
+        "points": [[p.to_json() for p in step["points"][k]] for step in steps],
+    }
 
 
 def main() -> None:
@@ -362,6 +430,12 @@ def main() -> None:
     parser.add_argument("--md", type=Path, default=None, help="write the summary here too")
     parser.add_argument(
         "--clients", default="1,2,4", help="http: client process counts (default: 1,2,4)"
+    )
+    parser.add_argument(
+        "--ladder",
+        metavar="START:STOP:STEP",
+        help="http: instead of a capacity search per client count, every count at every"
+        " total rate START, START+STEP, ... STOP, interleaved (e.g. 2000:8000:500)",
     )
     parser.add_argument("--duration", type=float, default=3.0, help="http: seconds per point")
     parser.add_argument(
@@ -384,13 +458,22 @@ def main() -> None:
         doc["overhead"] = overhead()
     if args.which in ("http", "all"):
         clients = tuple(int(k) for k in args.clients.split(","))
-        doc["http"] = http(args.duration, clients, args.repeats, args.profile)
+        doc["http"] = http(args.duration, clients, args.repeats, args.profile, _ladder(args.ladder))
     if args.out:
         args.out.write_text(json.dumps(doc, indent=2, default=str))
     text = summary(doc)
     if args.md:
         args.md.write_text(text + "\n")
     print(text)
+
+
+def _ladder(text: str | None) -> tuple[float, ...]:
+    if not text:
+        return ()
+    start, stop, step = (float(v) for v in text.split(":"))
+    if not 0 < start <= stop or step <= 0:
+        raise SystemExit(f"--ladder {text}: want START:STOP:STEP with 0 < START <= STOP")
+    return tuple(float(r) for r in np.arange(start, stop + step / 2, step))
 
 
 def summary(doc: dict[str, Any]) -> str:
@@ -405,8 +488,29 @@ def summary(doc: dict[str, Any]) -> str:
             f" (rounds {lo:+.1f} to {hi:+.1f}), p99 {row['added_e2e_p99_us']:+.1f} us,"
             " harness vs direct call, from the due time |"
         )
-    lines.extend(_http_lines(doc.get("http", {}).get("clients", [])))
+    http_doc = doc.get("http", {})
+    if "ladder" in http_doc:
+        lines.extend(_ladder_lines(http_doc["ladder"], http_doc["clients"]))
+    else:
+        lines.extend(_http_lines(http_doc.get("clients", [])))
     return "\n".join(lines)
+
+
+def _ladder_lines(ladder: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for row in rows:
+        k, rate, ratio = row["processes"], row["sustained_rate"] or 0.0, row.get("vs_one_client")
+        vs = f", {ratio:.2f}x one client" if ratio and k > 1 else ""
+        passed = ", ".join(
+            f"{r:.0f}: {n}/{len(p)}"
+            for r, n, p in zip(ladder["rates"], row["passed"], row["points"], strict=True)
+        )
+        lines.append(
+            f"| HTTP streamed, {k} client process{'es' if k > 1 else ''}, one schedule,"
+            f" interleaved ladder | {rate:.0f} req/s sustained{vs}; rounds passed per"
+            f" offered req/s: {passed}; {row['placement']} |"
+        )
+    return lines
 
 
 def _http_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -417,13 +521,14 @@ def _http_lines(rows: list[dict[str, Any]]) -> list[str]:
         if "skipped" in row:
             lines.append(f"| {label} | not measured: {row['skipped']} |")
             continue
-        total, median = row["max_total_rate"] or 0.0, row["median_achieved"] or 0.0
+        total, median = row["sustained_rate"] or 0.0, row["median_achieved"] or 0.0
         ratio = row.get("vs_one_client")
         vs = f", {ratio:.2f}x one client" if ratio and k > 1 else ""
         lines.append(
-            f"| {label} | {total:.0f} req/s sustained ({total / k:.0f} per process{vs});"
-            f" median of {len(row['repeats'])} repeats {median:.0f} req/s,"
-            f" {row['repeats_passed']} valid; {row['placement']} |"
+            f"| {label} | {total:.0f} req/s sustained ({total / k:.0f} per process{vs}):"
+            f" {row['repeats_passed']} of {len(row['repeats'])} repeats valid, median"
+            f" achieved {median:.0f} req/s (search's best single pass"
+            f" {row['max_total_rate'] or 0:.0f}); {row['placement']} |"
         )
     return lines
 
