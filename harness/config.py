@@ -122,6 +122,15 @@ class Reliability:
             raise ValueError("worker_memory_bytes must be > 0")
 
 
+class ClientsOn(enum.StrEnum):
+    """Where ``--clients N`` client processes run (harness.multiclient)."""
+
+    LOCAL = "local"
+    """Spawned processes of the cell's machine."""
+    RAY = "ray"
+    """Ray actors on the cluster's nodes (harness.rayclients)."""
+
+
 class Dist(enum.StrEnum):
     LOCAL = "local"
     RAY = "ray"
@@ -180,6 +189,7 @@ class RunSettings:
     slos: tuple[SLO, ...] = ()
     clients: int = 1
     """Client processes that share the load of an HTTP engine (harness.multiclient)."""
+    clients_on: ClientsOn = ClientsOn.LOCAL
     reliability: Reliability = field(default_factory=Reliability)
     dist: Distribution = field(default_factory=Distribution)
 
@@ -201,6 +211,7 @@ class RunSettings:
             "gen_requests": self.profile.gen_requests,
             "request_timeout_s": self.reliability.request_timeout_s,
             "clients": self.clients,
+            "clients_on": self.clients_on.value,
             "dist": self.dist.to_json(),
         }
 
@@ -343,6 +354,7 @@ def parse_settings(
     engine_options: Sequence[str] | None = None,
     slo: str | None = None,
     clients: int = 1,
+    clients_on: str = "local",
     reliability: Reliability | None = None,
     dist: Distribution | None = None,
 ) -> RunSettings:
@@ -361,6 +373,7 @@ def parse_settings(
         engine_options=_engine_options(engine_options, names),
         slos=_slos(slo),
         clients=_clients(clients, names),
+        clients_on=_clients_on(clients_on, clients, dist or Distribution()),
         reliability=reliability or Reliability(),
         dist=dist or Distribution(),
     )
@@ -426,6 +439,7 @@ def parse_dist(
     retries: int,
     python: Sequence[str] | None,
     isolation: str,
+    clients_on: str = "local",
 ) -> Distribution:
     # "no" as pytest-xdist spells it: pytest-benchmark reads any other value of the
     # option as xdist distributing tests, and disables itself
@@ -434,14 +448,8 @@ def parse_dist(
     except ValueError:
         raise UsageError(f"--dist {mode!r}: choose no (this machine) or ray") from None
     if dist is Dist.LOCAL:
-        given = [n for n, v in (("--ray-address", address), ("--ray-python", python)) if v]
-        if given:
-            raise UsageError(f"{', '.join(given)} only apply with --dist=ray")
-        return Distribution()
-    if importlib.util.find_spec("ray") is None:
-        raise UsageError(
-            "--dist=ray needs Ray: pip install 'inference-harness[ray]' (or tox -e ray)"
-        )
+        return _local_dist(address, python, clients_on)
+    _need_ray("--dist=ray")
     if isolation != Isolation.PROCESS.value:
         raise UsageError("--dist=ray runs every cell with process isolation: drop --isolation")
     try:
@@ -455,6 +463,24 @@ def parse_dist(
         )
     except ValueError as exc:
         raise UsageError(f"--dist=ray: {exc}") from None
+
+
+def _local_dist(address: str | None, python: Sequence[str] | None, clients_on: str) -> Distribution:
+    """Cells on this machine; a Ray address only for clients on Ray."""
+    if python:
+        raise UsageError("--ray-python only applies with --dist=ray")
+    if address and clients_on != ClientsOn.RAY.value:
+        raise UsageError("--ray-address only applies with --dist=ray or --clients-on=ray")
+    if clients_on == ClientsOn.RAY.value:
+        _need_ray("--clients-on=ray")
+    return Distribution(address=address)
+
+
+def _need_ray(option: str) -> None:
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError(
+            f"{option} needs Ray: pip install 'inference-harness[ray]' (or tox -e ray)"
+        )
 
 
 def _pythons(values: Sequence[str]) -> dict[str, Path]:
@@ -491,6 +517,26 @@ def _clients(clients: int, engines: Sequence[str]) -> int:
             " processes can only drive an engine that is a client of a server (e.g. openai)"
         )
     return clients
+
+
+def _clients_on(where: str, clients: int, dist: Distribution) -> ClientsOn:
+    try:
+        on = ClientsOn(where)
+    except ValueError:
+        raise UsageError(f"--clients-on {where!r}: choose local or ray") from None
+    if on is ClientsOn.LOCAL:
+        return on
+    if clients < 2:
+        raise UsageError(
+            "--clients-on=ray puts client processes on a Ray cluster: give --clients N"
+            " (N >= 2); with one client the load comes from the cell's own process"
+        )
+    if dist.mode is Dist.LOCAL and dist.address is None and not os.environ.get("RAY_ADDRESS"):
+        raise UsageError(
+            "--clients-on=ray needs the cluster: give --ray-address HOST:PORT (or set"
+            " RAY_ADDRESS, or run with --dist=ray, whose cells reach the cluster they run on)"
+        )
+    return on
 
 
 def _slos(text: str | None) -> tuple[SLO, ...]:

@@ -227,6 +227,8 @@ class Launcher(Protocol):
     outcome by the deadlines; never raises for a client's failure."""
 
     name: ClassVar[str]
+    clock: ClassVar[ClockKind]
+    """The clock its clients stamp with: a ``SharedLoad`` for it uses this one."""
 
     def launch(self, specs: Sequence[ClientSpec], deadlines: Deadlines) -> Launched: ...
 
@@ -492,6 +494,7 @@ class LocalProcesses:
     enough for the start to reach every client and for each to settle its collector."""
 
     name: ClassVar[str] = "local-processes"
+    clock: ClassVar[ClockKind] = ClockKind.MONOTONIC
     start_delay_s: float = 0.3
     cpus: tuple[frozenset[int], ...] = ()
     target: ClientTarget = client_process

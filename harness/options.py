@@ -78,6 +78,14 @@ def add_options(parser: pytest.Parser) -> None:
         help="client processes sharing the load of an HTTP engine, each taking every N-th"
         " scheduled request (default: 1, the load comes from this process)",
     )
+    group.addoption(
+        "--clients-on",
+        default="local",
+        metavar="WHERE",
+        help="local: --clients processes on the cell's machine; ray: Ray actors spread over"
+        " the cluster of --ray-address (or of --dist=ray), clocks aligned on wall time"
+        " (default: local)",
+    )
     _add_reliability_options(parser)
 
 
@@ -206,6 +214,7 @@ def settings_from(config: pytest.Config) -> RunSettings:
             engine_options=opt("engine_opt"),
             slo=opt("slo"),
             clients=opt("clients"),
+            clients_on=opt("clients_on"),
             reliability=reliability,
             dist=parse_dist(
                 mode=opt("dist"),
@@ -215,6 +224,7 @@ def settings_from(config: pytest.Config) -> RunSettings:
                 retries=opt("ray_retries"),
                 python=opt("ray_python"),
                 isolation=opt("isolation"),
+                clients_on=opt("clients_on"),
             ),
         )
     except UsageError as exc:

@@ -54,8 +54,11 @@ def node_task(spec: RemoteSpec) -> tuple[RemoteResult, str]:
 
     util: Any = ray.util  # typed or not depending on whether Ray is installed (lint env)
     node = str(util.get_node_ip_address())
-    # the node's fingerprint names the Ray node it ran on (harness.environment)
-    here = dataclasses.replace(spec, env=(*spec.env, (RAY_NODE_ENV, node)))
+    gcs = str(ray.get_runtime_context().gcs_address)
+    # the node's fingerprint names the Ray node it ran on (harness.environment); client
+    # actors of --clients-on=ray join the cluster this task runs on
+    env = (*spec.env, (RAY_NODE_ENV, node), ("RAY_ADDRESS", gcs))
+    here = dataclasses.replace(spec, env=env)
     return run_cell(here), node
 
 

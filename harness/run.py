@@ -194,7 +194,7 @@ def read_run(run_dir: Path) -> tuple[Manifest, dict[str, Status]]:
     return manifest, latest
 
 
-SETTINGS_ADDED_LATER: dict[str, object] = {"clients": 1}
+SETTINGS_ADDED_LATER: dict[str, object] = {"clients": 1, "clients_on": "local"}
 """Settings newer than some run directories, with the value older runs measured with."""
 
 

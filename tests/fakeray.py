@@ -89,6 +89,7 @@ def _module() -> types.ModuleType:
         "shutdown": lambda: None,
         "nodes": lambda: [{"Alive": True}],
         "cluster_resources": lambda: {"CPU": 1.0},
+        "get_runtime_context": lambda: types.SimpleNamespace(gcs_address="10.99.0.1:6379"),
         "remote": Remote,
         "get": get,
         "wait": wait,

@@ -1,13 +1,16 @@
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 from harness.config import (
     PROFILES,
+    ClientsOn,
     Dist,
     Distribution,
     ProfileName,
     UsageError,
+    parse_dist,
     parse_settings,
 )
 from harness.records import Manifest
@@ -95,3 +98,38 @@ def test_resume_accepts_older_manifests_and_another_distribution():
     changed = dict(old, seed=3)
     with pytest.raises(UsageError, match="seed: was 3, now 0"):
         check_resumable(manifest.model_copy(update={"settings": changed}), settings)
+
+
+def test_clients_on_ray_is_validated_at_configuration(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    two = dict(engines=["openai"], clients=2)
+    with pytest.raises(UsageError, match="--clients-on 'mars': choose local or ray"):
+        settings(**two, clients_on="mars")
+    with pytest.raises(UsageError, match=r"give --clients N \(N >= 2\)"):
+        settings(engines=["openai"], clients_on="ray")
+    with pytest.raises(UsageError, match="needs the cluster: give --ray-address"):
+        settings(**two, clients_on="ray")
+    on_cluster = settings(**two, clients_on="ray", dist=Distribution(address="10.0.0.1:6379"))
+    assert on_cluster.clients_on is ClientsOn.RAY
+    assert on_cluster.to_json()["clients_on"] == "ray"
+    # a --dist=ray node: the cluster it runs on comes in RAY_ADDRESS
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert settings(**two, clients_on="ray").clients_on is ClientsOn.RAY
+    assert settings(**two).clients_on is ClientsOn.LOCAL
+
+
+def test_ray_address_without_dist_ray_only_for_clients_on_ray(monkeypatch):
+    args = dict(mode="no", cpus_per_cell=1.0, gpus_per_cell=1.0, retries=2, python=None)
+    with pytest.raises(UsageError, match="only applies with --dist=ray or --clients-on=ray"):
+        parse_dist(**args, address="h:1", isolation="process")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "ray" else real(name)
+    )
+    dist = parse_dist(**args, address="h:1", isolation="process", clients_on="ray")
+    assert (dist.mode, dist.address) == (Dist.LOCAL, "h:1")
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name)
+    )
+    with pytest.raises(UsageError, match=r"--clients-on=ray needs Ray: pip install"):
+        parse_dist(**args, address="h:1", isolation="process", clients_on="ray")

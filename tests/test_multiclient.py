@@ -11,15 +11,16 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 
 from harness import registry
-from harness.config import PROFILES, ProfileName, UsageError, parse_settings
+from harness.config import PROFILES, Distribution, ProfileName, UsageError, parse_settings
 from harness.engine import EngineConfig, GenerationRequest
 from harness.multiclient import (
     ClientFailure,
@@ -42,9 +43,11 @@ from harness.multiclient import (
     run_shared,
     shifted,
 )
+from harness.rayclients import RayActors
 from harness.streaming import RequestRecord
 from harness.streamstats import summarize_stream
 from harness.validity import Verdict, judge
+from workloads.generative import LoadSource, launcher_for
 
 TICK = 1 / 1024  # times on a binary grid: shifting by powers of two is exact
 QUICK = PROFILES[ProfileName.QUICK].policy
@@ -280,6 +283,40 @@ def test_clients_option_is_validated_and_recorded():
     with pytest.raises(UsageError, match="not an HTTP engine: onnxruntime, null-gen"):
         settings(engines=["onnxruntime,null-gen,openai"], clients=2)
     assert settings(engines=["onnxruntime"], clients=1).clients == 1  # one: in-process
+
+
+@dataclass(frozen=True)
+class FakeWallLauncher:
+    """A fake launcher (no clients run): keeps the specs it was given; every client fails."""
+
+    name: ClassVar[str] = "fake-wall"
+    clock: ClassVar[ClockKind] = ClockKind.WALL
+    seen: list[ClientSpec] = field(default_factory=list)
+
+    def launch(self, specs, deadlines):
+        self.seen.extend(specs)
+        failures = tuple(ClientFailure(s.index, "fake", 0.0) for s in specs)
+        return Launched(self.name, 0.0, 0.0, failures)
+
+
+def test_clients_on_picks_the_launcher_whose_clock_the_clients_use():
+    local = settings(engines=["openai"], clients=2)
+    assert isinstance(launcher_for(local), LocalProcesses)
+    on_ray = settings(
+        engines=["openai"], clients=2, clients_on="ray", dist=Distribution(address="h:6379")
+    )
+    launcher = launcher_for(on_ray)
+    assert isinstance(launcher, RayActors)
+    assert (launcher.address, launcher.clock) == ("h:6379", ClockKind.WALL)
+    fake = FakeWallLauncher()
+    config = EngineConfig(model=Path("-"), options={"base_url": "http://127.0.0.1:1"})
+    source = LoadSource(None, None, on_ray, "openai", config, fake)  # type: ignore[arg-type]
+    sent = source.open_loop(requests(6), np.arange(6) * 0.01)
+    assert [s.clock for s in fake.seen] == [ClockKind.WALL, ClockKind.WALL]
+    assert [len(s.requests) for s in fake.seen] == [3, 3]
+    assert sent.clients is not None
+    assert (sent.clients["launcher"], sent.clients["clock"]) == ("fake-wall", "wall")
+    assert [r.error for r in sent.records] == ["client 0 failed: fake", "client 1 failed: fake"] * 3
 
 
 def test_network_clients_are_the_adapters_that_take_a_server():

@@ -136,7 +136,7 @@ def test_a_task_that_fails_on_its_own_is_not_run_again(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--ray-address=h:1"], "--ray-address only apply with --dist=ray"),
+        (["--ray-address=h:1"], "--ray-address only applies with --dist=ray or --clients-on"),
         (["--dist=mars"], "--dist 'mars': choose no (this machine) or ray"),
         (["-p", "tests.fakeray", "--dist=ray", "--isolation=none"], "drop --isolation"),
         (["-p", "tests.fakeray", "--dist=ray", "--ray-python=torch"], "expected ENGINE=PATH"),

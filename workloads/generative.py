@@ -15,7 +15,7 @@ import pytest
 
 from harness.cell import Cell
 from harness.clock import MonotonicClock
-from harness.config import RunSettings
+from harness.config import ClientsOn, RunSettings
 from harness.engine import (
     EngineConfig,
     EngineError,
@@ -36,6 +36,7 @@ from harness.multiclient import (
     run_shared,
 )
 from harness.plugin import OpenEngine
+from harness.rayclients import RayActors
 from harness.records import Headline
 from harness.streaming import RequestRecord
 from harness.streamstats import summarize_stream
@@ -183,6 +184,7 @@ class LoadSource:
             requests=tuple(requests),
             load=share,
             clients=self.clients,
+            clock=self.launcher.clock,
             timeout_s=timeout,
             warmup=self._warmup,
         )
@@ -202,7 +204,15 @@ def load_source(
     engine, config = _open(request, open_engine, cell, model)
     settings: RunSettings = request.getfixturevalue("harness_settings")
     driver = Driver(engine, MonotonicClock(), settings.reliability.request_timeout_s)
-    return engine, LoadSource(driver, aio, settings, cell.engine, config)
+    return engine, LoadSource(driver, aio, settings, cell.engine, config, launcher_for(settings))
+
+
+def launcher_for(settings: RunSettings) -> Launcher:
+    """Where ``--clients N`` processes run: here, or as Ray actors (``--clients-on=ray``;
+    on a ``--dist=ray`` node the cluster comes from ``RAY_ADDRESS``)."""
+    if settings.clients_on is ClientsOn.RAY:
+        return RayActors(address=settings.dist.address)
+    return LocalProcesses()
 
 
 HEADLINE = (
