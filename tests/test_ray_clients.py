@@ -22,7 +22,8 @@ import pytest
 from tests.netns import NO_PHONE_HOME, Cluster, Host, can_make_namespaces, start_ray, two_hosts
 
 pytest.importorskip("ray", reason="Ray is not installed (tox -e ray)")
-pytest.importorskip("aiohttp", reason="the openai adapter needs aiohttp")
+for module in ("aiohttp", "httpx"):
+    pytest.importorskip(module, reason="the openai adapter's extra is not installed")
 WHY_NOT = can_make_namespaces()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no test hosts: {WHY_NOT}")
 
@@ -109,6 +110,7 @@ def test_clients_as_ray_actors_on_two_hosts(tmp_path):
 
 def check_whole_run(doc: dict[str, Any], head: Host, worker: Host) -> None:
     clients = doc["per_client"]
+    assert [c["error"] for c in clients] == [None, None], clients
     assert doc["launcher"] == "ray-actors"
     assert doc["clock"] == "wall"  # clients on other machines: wall-clock alignment
     # one client on each host (SPREAD, one CPU each), each with its half of the schedule
