@@ -359,6 +359,7 @@ def parse_settings(
     dist: Distribution | None = None,
 ) -> RunSettings:
     names = _engines(engines)
+    dist = dist or Distribution()
     if seed < 0:
         raise UsageError(f"--seed must be >= 0, got {seed}")
     return RunSettings(
@@ -373,9 +374,9 @@ def parse_settings(
         engine_options=_engine_options(engine_options, names),
         slos=_slos(slo),
         clients=_clients(clients, names),
-        clients_on=_clients_on(clients_on, clients, dist or Distribution()),
+        clients_on=_clients_on(clients_on, clients, dist),
         reliability=reliability or Reliability(),
-        dist=dist or Distribution(),
+        dist=dist,
     )
 
 

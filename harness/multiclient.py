@@ -402,6 +402,11 @@ def _pipe_barrier(conn: Connection) -> StartSignal:
     return wait_for_start
 
 
+def client_error(exc: Exception) -> str:
+    """Why a client has no result, as its launcher reports it."""
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
 def client_process(spec: ClientSpec, conn: Connection, cpus: frozenset[int] | None) -> None:
     """Entry point of a spawned client process: its result, or why there is none."""
     _die_with_parent()
@@ -410,7 +415,7 @@ def client_process(spec: ClientSpec, conn: Connection, cpus: frozenset[int] | No
     try:
         message: tuple[str, object] = ("result", run_client(spec, _pipe_barrier(conn)))
     except Exception as exc:  # reported to the parent, which counts the share as failed
-        message = ("error", f"{type(exc).__name__}: {exc}"[:500])
+        message = ("error", client_error(exc))
     with contextlib.suppress(OSError):
         conn.send(message)
     conn.close()

@@ -32,10 +32,12 @@ from harness.multiclient import (
     Deadlines,
     Launched,
     Outcome,
+    client_error,
     clock_shift,
     common_now,
     run_client,
 )
+from harness.rayconn import connect, node_address, ray_module
 
 POLL_S = 0.5
 
@@ -53,7 +55,7 @@ class ClientActor:
         try:
             result = run_client(spec, self._await_start)
         except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"[:500]
+            return client_error(exc)
         return dataclasses.replace(result, host=f"{result.host} ({node_address()})")
 
     def _await_start(self) -> float:
@@ -68,10 +70,6 @@ class ClientActor:
 
     def go(self, start: float | None) -> None:
         self._starts.put(start)
-
-
-def node_address() -> str:
-    return str(_ray().util.get_node_ip_address())
 
 
 @dataclass
@@ -102,7 +100,7 @@ class RayActors:
             raise ValueError("cpus_per_client and start_delay_s must be > 0")
 
     def launch(self, specs: Sequence[ClientSpec], deadlines: Deadlines) -> Launched:
-        ray = _ray()
+        ray = ray_module()
         if any(s.clock is not self.clock for s in specs):
             raise ValueError("clients on Ray stamp with the wall clock (ClockKind.WALL)")
         self._connect(ray)
@@ -124,15 +122,8 @@ class RayActors:
         return Launched(self.name, start, clock_shift(self.clock), outcomes)
 
     def _connect(self, ray: Any) -> None:
-        if ray.is_initialized():
-            return
-        ray.init(
-            address=self.address,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            namespace="inference-harness",
-        )
+        if not ray.is_initialized():
+            connect(ray, self.address)
 
     def _start(self, actor_class: Any, spec: ClientSpec, deadlines: Deadlines) -> _Client:
         actor = actor_class.options(
@@ -190,13 +181,6 @@ class RayActors:
             reason = f"client {index} sent no result within {timeout_s:g} s (killed)"
             failed[index] = ClientFailure(index, reason, time.perf_counter())
         return results, failed
-
-
-def _ray() -> Any:
-    """Ray, untyped: typed or not depending on whether it is installed (lint env)."""
-    import ray  # noqa: PLC0415  (only with clients on Ray; validated at configuration)
-
-    return ray
 
 
 def _value(ray: Any, ref: Any) -> object:

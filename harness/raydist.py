@@ -28,6 +28,7 @@ import pytest
 
 from harness.config import RunSettings
 from harness.environment import RAY_NODE_ENV
+from harness.rayconn import connect, node_address, ray_module
 from harness.records import CellRecord, RecordError, Status
 from harness.remotecell import RemoteResult, RemoteSpec, run_cell, spec_for
 from harness.run import RunState, engine_of, is_cell
@@ -50,11 +51,8 @@ records an out-of-memory cell as crashed too.)"""
 
 def node_task(spec: RemoteSpec) -> tuple[RemoteResult, str]:
     """The Ray task: run the cell on this node; also say which node it was."""
-    import ray  # noqa: PLC0415  (only ever called inside a Ray worker)
-
-    util: Any = ray.util  # typed or not depending on whether Ray is installed (lint env)
-    node = str(util.get_node_ip_address())
-    gcs = str(ray.get_runtime_context().gcs_address)
+    node = node_address()
+    gcs = str(ray_module().get_runtime_context().gcs_address)
     # the node's fingerprint names the Ray node it ran on (harness.environment); client
     # actors of --clients-on=ray join the cluster this task runs on
     env = (*spec.env, (RAY_NODE_ENV, node), ("RAY_ADDRESS", gcs))
@@ -89,8 +87,7 @@ class RayRunner:
 
     # -- the run -------------------------------------------------------------------------
     def run(self, items: Sequence[pytest.Item]) -> None:
-        import ray  # noqa: PLC0415  (only with --dist=ray; validated at configuration)
-
+        ray = ray_module()
         try:
             self._connect(ray)
         except Exception as exc:
@@ -111,13 +108,7 @@ class RayRunner:
             ray.shutdown()
 
     def _connect(self, ray: Any) -> None:
-        ray.init(
-            address=self.dist.address,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            namespace="inference-harness",
-        )
+        connect(ray, self.dist.address)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         cpus = ray.cluster_resources().get("CPU", 0)
         where = self.dist.address or "a local Ray instance"
