@@ -297,7 +297,7 @@ class HttpBench:
         repeats' own draws) that most repeats pass, and them."""
         for _ in range(CONFIRM_STEPS):
             again = [measure(rate) for _ in range(self.repeats)]
-            if 2 * sum(p.passes for p in again) > len(again):
+            if _most_pass(again):
                 return float(np.median([p.load for p in again])), again
             rate *= 0.9
         return None, again
@@ -472,7 +472,7 @@ def _ladder(text: str | None) -> tuple[float, ...]:
         return ()
     start, stop, step = (float(v) for v in text.split(":"))
     if not 0 < start <= stop or step <= 0:
-        raise SystemExit(f"--ladder {text}: want START:STOP:STEP with 0 < START <= STOP")
+        raise SystemExit(f"--ladder {text}: want START:STOP:STEP with 0 < START <= STOP, STEP > 0")
     return tuple(float(r) for r in np.arange(start, stop + step / 2, step))
 
 
@@ -499,33 +499,38 @@ def summary(doc: dict[str, Any]) -> str:
 def _ladder_lines(ladder: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for row in rows:
-        k, rate, ratio = row["processes"], row["sustained_rate"] or 0.0, row.get("vs_one_client")
-        vs = f", {ratio:.2f}x one client" if ratio and k > 1 else ""
         passed = ", ".join(
             f"{r:.0f}: {n}/{len(p)}"
             for r, n, p in zip(ladder["rates"], row["passed"], row["points"], strict=True)
         )
         lines.append(
-            f"| HTTP streamed, {k} client process{'es' if k > 1 else ''}, one schedule,"
-            f" interleaved ladder | {rate:.0f} req/s sustained{vs}; rounds passed per"
-            f" offered req/s: {passed}; {row['placement']} |"
+            f"| {_http_label(row['processes'])}, interleaved ladder |"
+            f" {row['sustained_rate'] or 0.0:.0f} req/s sustained{_vs_one(row)}; rounds"
+            f" passed per offered req/s: {passed}; {row['placement']} |"
         )
     return lines
+
+
+def _http_label(k: int) -> str:
+    return f"HTTP streamed, {k} client process{'es' if k > 1 else ''}, one schedule"
+
+
+def _vs_one(row: dict[str, Any]) -> str:
+    ratio = row.get("vs_one_client")
+    return f", {ratio:.2f}x one client" if ratio and row["processes"] > 1 else ""
 
 
 def _http_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for row in rows:
-        k = row["processes"]
-        label = f"HTTP streamed, {k} client process{'es' if k > 1 else ''}, one schedule"
+        k, label = row["processes"], _http_label(row["processes"])
         if "skipped" in row:
             lines.append(f"| {label} | not measured: {row['skipped']} |")
             continue
         total, median = row["sustained_rate"] or 0.0, row["median_achieved"] or 0.0
-        ratio = row.get("vs_one_client")
-        vs = f", {ratio:.2f}x one client" if ratio and k > 1 else ""
         lines.append(
-            f"| {label} | {total:.0f} req/s sustained ({total / k:.0f} per process{vs}):"
+            f"| {label} | {total:.0f} req/s sustained ({total / k:.0f} per process"
+            f"{_vs_one(row)}):"
             f" {row['repeats_passed']} of {len(row['repeats'])} repeats valid, median"
             f" achieved {median:.0f} req/s (search's best single pass"
             f" {row['max_total_rate'] or 0:.0f}); {row['placement']} |"

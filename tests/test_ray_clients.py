@@ -66,6 +66,21 @@ def _driver(
     )
 
 
+def _run_driver(head: Host, cluster: Cluster, seconds: float, port: int = PORT) -> dict[str, Any]:
+    """One whole driver run; its merged run."""
+    done = subprocess.run(
+        _driver(head, cluster, seconds, None, port),
+        cwd=REPO,
+        env=_env(cluster),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return _doc(done.stdout)
+
+
 def _doc(stdout: str) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
     return doc
@@ -77,29 +92,10 @@ def test_clients_as_ray_actors_on_two_hosts(tmp_path):
         cluster = start_ray(head, worker, temp)
         server = _server(head)
         try:
-            whole = subprocess.run(
-                _driver(head, cluster, 4.0, None),
-                cwd=REPO,
-                env=_env(cluster),
-                capture_output=True,
-                text=True,
-                timeout=300,
-                check=False,
-            )
-            assert whole.returncode == 0, whole.stderr[-4000:]
-            first = _doc(whole.stdout)
+            first = _run_driver(head, cluster, 4.0)
             check_whole_run(first, head, worker)
-            unloaded = subprocess.run(
-                _driver(head, cluster, 2.0, None, port=PORT + 1),  # nothing listens there
-                cwd=REPO,
-                env=_env(cluster),
-                capture_output=True,
-                text=True,
-                timeout=300,
-                check=False,
-            )
-            assert unloaded.returncode == 0, unloaded.stderr[-4000:]
-            check_clients_that_cannot_load(_doc(unloaded.stdout))
+            unloaded = _run_driver(head, cluster, 2.0, port=PORT + 1)  # nothing listens there
+            check_clients_that_cannot_load(unloaded)
             lost = _kill_worker_mid_run(head, worker, cluster, tmp_path / "ready")
             check_lost_client(lost, head, worker)
             print(json.dumps(figures(first, lost), indent=1))
