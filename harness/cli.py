@@ -11,9 +11,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness import compare, htmlreport, recommend, registry, report, runset
+from harness import compare, htmlreport, recommend, registry, report, runread, runset
 from harness.engine import Availability
 from harness.records import RecordError
+from harness.runread import Damaged, skipped_lines
 
 
 def _engines(args: argparse.Namespace, console: Console) -> int:
@@ -41,25 +42,36 @@ def _availability(avail: Availability) -> str:
     return "yes" if avail.available else escape(f"no: {avail.reason}")
 
 
+def _error(console: Console, exc: Exception) -> int:
+    """A run that cannot be read or a file that cannot be written: said, exit 2."""
+    console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    return 2
+
+
+def _skipped(console: Console, skipped: tuple[Damaged, ...]) -> None:
+    for line in skipped_lines(skipped):
+        console.print(escape(line), highlight=False, soft_wrap=True)
+
+
 def _report(args: argparse.Namespace, console: Console) -> int:
     dirs = [Path(d) for d in args.run_dirs]
     if args.html:
-        return _html(dirs, args.out, console)
+        return _html(dirs, args.out, args.skip_damaged, console)
     status = 0
     for run_dir in dirs:
         try:
-            md, csv_path = report.write(run_dir)
-        except (FileNotFoundError, RecordError) as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-            status = 2
+            written = report.publish_run(run_dir, skip_damaged=args.skip_damaged)
+        except (OSError, RecordError) as exc:
+            status = _error(console, exc)
             continue
-        console.print(f"wrote {md} and {csv_path}", highlight=False)
+        console.print(f"wrote {written.markdown} and {written.csv}", highlight=False)
+        _skipped(console, written.skipped)
         if args.print:
-            sys.stdout.write(md.read_text())
+            sys.stdout.write(written.markdown.read_text())
     return status
 
 
-def _html(dirs: list[Path], out: Path | None, console: Console) -> int:
+def _html(dirs: list[Path], out: Path | None, skip_damaged: bool, console: Console) -> int:
     if out is None and len(dirs) > 1:
         console.print(
             "[red]error:[/red] several run directories merge into one report: "
@@ -69,15 +81,16 @@ def _html(dirs: list[Path], out: Path | None, console: Console) -> int:
         return 2
     target = out if out is not None else dirs[0]
     try:
-        written = htmlreport.write(runset.load(dirs), target)
-    except (FileNotFoundError, RecordError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        return 2
+        runs = runset.load(dirs, skip_damaged=skip_damaged)
+        written = htmlreport.write(runs, target, skip_damaged=skip_damaged)
+    except (OSError, ValueError) as exc:  # RecordError is a ValueError
+        return _error(console, exc)
     console.print(
         f"wrote {written.html}, {written.markdown}, {written.csv} "
         f"and {len(written.plots)} plot files in {target / 'plots'}",
         highlight=False,
     )
+    _skipped(console, written.skipped)
     return 0
 
 
@@ -105,6 +118,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where the --html report goes (default: the run directory, when only one)",
     )
+    runread.add_skip_damaged(rep)
     rep.set_defaults(func=_report)
     compare.register(sub)
     recommend.register(sub)

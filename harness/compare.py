@@ -44,9 +44,11 @@ never tested.
   change below the lag the run itself measured cannot be attributed to the engine; on a
   quiet machine the lag, and so the floor, is microseconds.
 
-It fails closed (exit 2) rather than compare unlike things: a run it cannot read, no shared
-cells, cells on one side only (unless ``--allow-missing``), environment fingerprints that
-differ (unless each difference is accepted with ``--allow-env-diff``). A cell ok in BASE
+It fails closed (exit 2) rather than compare unlike things: a run it cannot read (a
+damaged or foreign record included, unless ``--skip-damaged`` leaves it out and lists
+it; its cell then has no counterpart), no shared cells, cells on one side only (unless
+``--allow-missing``), environment fingerprints that differ (unless each difference is
+accepted with ``--allow-env-diff``). A cell ok in BASE
 that is failed, invalid, timed out or crashed in NEW is a regression (exit 1), as is a
 significant change for the worse.
 """
@@ -71,10 +73,11 @@ from rich.markup import escape
 from rich.table import Table
 from scipy import stats as sps
 
-from harness import fingerprint, runset, stats
+from harness import fingerprint, runread, runset, stats
 from harness.records import CellRecord, Headline, Manifest, RecordError, Status
-from harness.report import fmt_number
-from harness.store import MANIFEST, read_manifest, read_records, replace
+from harness.report import fmt_number, publish
+from harness.runread import DamagedRunError, RunContents
+from harness.store import MANIFEST
 
 Array = npt.NDArray[np.float64]
 
@@ -152,6 +155,16 @@ class MetricComparison(_Frozen):
         return self
 
 
+class SkippedFile(_Frozen):
+    """A damaged results file left out with ``--skip-damaged``."""
+
+    path: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.why}"
+
+
 class CellComparison(_Frozen):
     cell_id: str
     workload: str
@@ -178,6 +191,9 @@ class Comparison(_Frozen):
     accepted_env_differences: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     """Why the runs cannot be compared; when there are any, no figure is compared."""
+    skipped: tuple[SkippedFile, ...] = ()
+    """Damaged files of either run left out (``--skip-damaged``); their cells have no
+    counterpart."""
     cells: tuple[CellComparison, ...] = ()
     regressions: tuple[str, ...] = ()
     exit_code: int
@@ -200,6 +216,10 @@ class _Run:
     manifest: Manifest
     records: dict[str, CellRecord]
 
+    @classmethod
+    def of(cls, contents: RunContents) -> _Run:
+        return cls(contents.manifest, {r.cell_id: r for r in contents.records})
+
     @property
     def environment(self) -> dict[str, Any]:
         return runset.environment_of(self.manifest, self.records.values())
@@ -209,15 +229,29 @@ class _Run:
         return {c.cell_id for c in self.manifest.planned}
 
 
-def _load(run_dir: Path, side: str) -> _Run:
+def _load(run_dir: Path, side: str, skip_damaged: bool) -> RunContents:
     try:
-        manifest = read_manifest(run_dir)
-        records = read_records(run_dir)
+        return runread.read_run_dir(run_dir, skip_damaged=skip_damaged)
+    except DamagedRunError:
+        raise  # gathered over both runs by _load_both
     except RecordError as exc:
         raise CompareError(f"cannot read {side} run: {exc}") from exc
     except OSError as exc:
         raise CompareError(f"cannot read {side} run {run_dir}: {exc}. {_hint(run_dir)}") from exc
-    return _Run(manifest, {r.cell_id: r for r in records})
+
+
+def _load_both(base_dir: Path, new_dir: Path, skip_damaged: bool) -> list[RunContents]:
+    """Both runs; the damaged files of both are named at once."""
+    runs: list[RunContents] = []
+    refused: list[str] = []
+    for run_dir, side in ((base_dir, "BASE"), (new_dir, "NEW")):
+        try:
+            runs.append(_load(run_dir, side, skip_damaged))
+        except DamagedRunError as exc:
+            refused.append(f"cannot read {side} run: {exc}")
+    if refused:
+        raise CompareError("\n".join(refused))
+    return runs
 
 
 def _hint(run_dir: Path) -> str:
@@ -654,6 +688,14 @@ def _check_settings(threshold: float, alpha: float) -> None:
         raise CompareError(f"alpha {alpha} must be in (0, 1)")
 
 
+@dataclass(frozen=True)
+class _Settings:
+    threshold: float
+    alpha: float
+    allow_env: tuple[str, ...]
+    allow_missing: bool
+
+
 def compare_runs(
     base_dir: Path,
     new_dir: Path,
@@ -662,14 +704,37 @@ def compare_runs(
     alpha: float = DEFAULT_ALPHA,
     allow_env: Sequence[str] = (),
     allow_missing: bool = False,
+    skip_damaged: bool = False,
 ) -> Comparison:
     """Compare run ``new_dir`` with run ``base_dir``; ``threshold`` is a fraction (0.05).
 
-    Raises ``CompareError`` when a run cannot be read. Runs that cannot be compared give a
-    Comparison with ``problems`` (exit code 2) that names them and compares no figure.
+    Raises ``CompareError`` when a run cannot be read (a damaged record, unless
+    ``skip_damaged`` leaves it out and lists it in ``skipped``). Runs that cannot be
+    compared give a Comparison with ``problems`` (exit code 2) that names them and
+    compares no figure.
     """
     _check_settings(threshold, alpha)
-    base, new = _load(base_dir, "BASE"), _load(new_dir, "NEW")
+    runs = _load_both(base_dir, new_dir, skip_damaged)
+    settings = _Settings(threshold, alpha, tuple(allow_env), allow_missing)
+
+    def figures(pair: Sequence[RunContents]) -> object:
+        # every pair of records compared, whatever else would stop the comparison
+        base, new = (_Run.of(c) for c in pair)
+        return _compare_figures(_pair_cells(base, new), base, new, threshold, alpha)
+
+    try:
+        _, comparison = runread.vet(
+            runs, lambda pair: _compare(pair, settings), skip_damaged=skip_damaged, probe=figures
+        )
+    except RecordError as exc:
+        raise CompareError(f"cannot compare: {exc}") from exc
+    return comparison
+
+
+def _compare(pair: Sequence[RunContents], settings: _Settings) -> Comparison:
+    base, new = (_Run.of(c) for c in pair)
+    threshold, alpha, allow_env = settings.threshold, settings.alpha, settings.allow_env
+    allow_missing = settings.allow_missing
     refused, accepted = _environment_check(base.environment, new.environment, allow_env)
     cells = _pair_cells(base, new)
     problems = [
@@ -696,6 +761,7 @@ def compare_runs(
         allow_missing=allow_missing,
         accepted_env_differences=tuple(accepted),
         problems=tuple(problems),
+        skipped=tuple(SkippedFile(path=str(d.path), why=d.why) for c in pair for d in c.skipped),
         cells=tuple(cells),
         regressions=regressions,
         exit_code=code,
@@ -772,6 +838,8 @@ def render(comparison: Comparison, console: Console) -> None:
     """The comparison as a table and a summary line, for people."""
     for line in comparison.accepted_env_differences:
         console.print(f"accepted environment difference: {escape(line)}", highlight=False)
+    for line in runread.skipped_lines(comparison.skipped):
+        console.print(escape(line), highlight=False, soft_wrap=True)
     if comparison.problems:
         console.print("[red]cannot compare (fails closed):[/red]")
         for problem in comparison.problems:
@@ -814,16 +882,17 @@ def command(args: argparse.Namespace, console: Console) -> int:
             alpha=args.alpha,
             allow_env=tuple(args.allow_env),
             allow_missing=args.allow_missing,
+            skip_damaged=args.skip_damaged,
         )
     except CompareError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return EXIT_CANNOT_COMPARE
     render(comparison, console)
     if args.json_path is not None:
         try:
-            replace(Path(args.json_path), to_json(comparison))
+            publish(Path(args.json_path), to_json(comparison))
         except OSError as exc:
-            console.print(f"[red]error:[/red] cannot write {args.json_path}: {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
             return EXIT_CANNOT_COMPARE
         console.print(f"wrote {escape(str(args.json_path))}", highlight=False)
     return comparison.exit_code
@@ -838,8 +907,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Per cell, the change of each headline figure NEW/BASE - 1 with a 95%% bootstrap"
             " interval and a Holm-adjusted test on the raw samples. Exit 0: no significant"
             " regression; 1: a significant regression (or a cell ok in BASE that is not ok"
-            " in NEW); 2: the runs cannot be compared (unreadable, no shared cells, cells"
-            " missing, environments differ)."
+            " in NEW); 2: the runs cannot be compared (unreadable or damaged files, no shared"
+            " cells, cells missing, environments differ)."
         ),
     )
     p.add_argument("base", metavar="BASE", help="run directory before the change")
@@ -868,4 +937,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="compare the shared cells even when some cells are in one run only",
     )
     p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the comparison")
+    runread.add_skip_damaged(p)
     p.set_defaults(func=command)

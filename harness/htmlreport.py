@@ -4,12 +4,16 @@ Nothing on the page is fetched at view time: styles are inline, plots are inline
 and a cell's record opens in place (``<details>``), so the file can be mailed or
 published as is. It is a pure function of the records: building twice gives the same
 bytes. Beside it, ``plots/`` holds every plot as SVG and PNG for documents, and the
-merged ``matrix.md`` / ``matrix.csv``.
+merged ``matrix.md`` / ``matrix.csv``. A record the page cannot be built from (a plot
+finds a string where a number belongs) is damaged like an unreadable file: refused
+naming it, or left out and listed with ``skip_damaged``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,7 @@ import jinja2
 from harness import plots, report, runset
 from harness.engine import installed_version
 from harness.records import CellRecord, Status, format_param
-from harness.store import replace
+from harness.runread import Damaged, RunContents, vet
 
 DRILL_DOWN_SLOW_REQUESTS = 5
 """Slow requests shown in a record's drill-down; the run directory has them all."""
@@ -40,6 +44,7 @@ class Written:
     plots: tuple[Path, ...]
     markdown: Path
     csv: Path
+    skipped: tuple[Damaged, ...] = ()
 
 
 def drill_down(record: CellRecord, run_environment: dict[str, Any] | None = None) -> str:
@@ -119,7 +124,7 @@ def _run_info(run: runset.Run) -> dict[str, str]:
     )
     return {
         "id": m.run_id,
-        "state": m.state,
+        "state": run.state,
         "created": m.created_at,
         "finished": m.finished_at or "-",
         "hardware": run.hardware,
@@ -142,9 +147,26 @@ def _sections(figures: list[plots.Plot]) -> list[Section]:
     ]
 
 
-def render(runs: runset.RunSet) -> tuple[str, list[plots.Plot]]:
+def render(runs: runset.RunSet, *, skip_damaged: bool = False) -> tuple[str, list[plots.Plot]]:
     """The page and the plots it shows."""
-    return _render(runs, runset.merge(runs))
+    _, (page, figures, _) = _vetted(runs, skip_damaged)
+    return page, figures
+
+
+_Built = tuple[str, list[plots.Plot], runset.Merged]
+
+
+def _vetted(runs: runset.RunSet, skip_damaged: bool) -> tuple[runset.RunSet, _Built]:
+    """The page built from ``runs`` less the records it cannot be built from."""
+    kept, built = vet([r.contents for r in runs.runs], _build, skip_damaged=skip_damaged)
+    return runset.of(kept), built
+
+
+def _build(contents: Sequence[RunContents]) -> _Built:
+    runs = runset.of(contents)
+    merged = runset.merge(runs)
+    page, figures = _render(runs, merged)
+    return page, figures, merged
 
 
 def _render(runs: runset.RunSet, merged: runset.Merged) -> tuple[str, list[plots.Plot]]:
@@ -164,6 +186,7 @@ def _render(runs: runset.RunSet, merged: runset.Merged) -> tuple[str, list[plots
         hardware=runs.hardware,
         runs=[_run_info(r) for r in runs.runs],
         replaced=merged.replaced,
+        skipped=[(str(d.path), d.why) for d in runs.skipped],
         tables=_tables(merged.matrix, {r.manifest.run_id: r.environment for r in runs.runs}),
         warnings=_warnings(merged.matrix),
         sections=_sections(figures),
@@ -171,28 +194,47 @@ def _render(runs: runset.RunSet, merged: runset.Merged) -> tuple[str, list[plots
     return page, figures
 
 
-def write(runs: runset.RunSet, out_dir: Path) -> Written:
-    """Write report.html, plots/*.svg|png and the merged matrix.md / matrix.csv."""
-    merged = runset.merge(runs)
-    page, figures = _render(runs, merged)
+def write(runs: runset.RunSet, out_dir: Path, *, skip_damaged: bool = False) -> Written:
+    """Write report.html, plots/*.svg|png and the merged matrix.md / matrix.csv.
+
+    Raises RecordError (naming each damaged file) when the runs cannot be reported and
+    ``skip_damaged`` is not given, report.WriteError when ``out_dir`` cannot be written.
+    """
+    kept, (page, figures, merged) = _vetted(runs, skip_damaged)
     plot_dir = out_dir / "plots"
-    plot_dir.mkdir(parents=True, exist_ok=True)
+    _make_dir(out_dir, plot_dir)
+    files = _write_plots(plot_dir, figures)
+    html = out_dir / "report.html"
+    report.publish(html, page.encode())
+    matrix = merged.matrix
+    md, csv_path = out_dir / "matrix.md", out_dir / "matrix.csv"
+    report.publish(md, report.to_markdown(matrix).encode())
+    report.publish(csv_path, report.to_csv(matrix).encode())
+    for path in (html, md, csv_path, *files):
+        with report.writing(path):
+            path.chmod(PUBLISHED_MODE)
+    return Written(html, tuple(files), md, csv_path, kept.skipped)
+
+
+def _make_dir(out_dir: Path, plot_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise report.WriteError(
+            errno.ENOTDIR, f"cannot write the report in {out_dir}: it is a file, not a directory"
+        )
+    with report.writing(plot_dir):
+        plot_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _write_plots(plot_dir: Path, figures: Sequence[plots.Plot]) -> list[Path]:
     files: list[Path] = []
     for fig in figures:
         for suffix, data in ((".svg", fig.svg.encode()), (".png", fig.png)):
             path = plot_dir / f"{fig.name}{suffix}"
-            replace(path, data)
+            report.publish(path, data)
             files.append(path)
     # a plot the records no longer give must not linger beside the page
     for stale in sorted(set(plot_dir.glob("*.svg")) | set(plot_dir.glob("*.png"))):
         if stale not in files:
-            stale.unlink()
-    html = out_dir / "report.html"
-    replace(html, page.encode())
-    matrix = merged.matrix
-    md, csv_path = out_dir / "matrix.md", out_dir / "matrix.csv"
-    replace(md, report.to_markdown(matrix).encode())
-    replace(csv_path, report.to_csv(matrix).encode())
-    for path in (html, md, csv_path, *files):
-        path.chmod(PUBLISHED_MODE)
-    return Written(html, tuple(files), md, csv_path)
+            with report.writing(stale):
+                stale.unlink()
+    return files

@@ -36,8 +36,9 @@ Rules the numbers follow (DESIGN.md, "Metric definitions", "Validity"):
 Exit status: ``EXIT_OK`` (0) when every measured workload got a recommendation,
 ``EXIT_NO_RECOMMENDATION`` (3) when some question with cells that ran (not only skipped
 ones) has no cell meeting the SLO, or nothing at all could be recommended, and
-``EXIT_USAGE`` (2) for bad input: an unreadable run directory, a bad ``--slo`` or cost,
-an unwritable ``--json`` path.
+``EXIT_USAGE`` (2) for bad input: an unreadable run directory or a damaged or foreign
+record in one (unless ``--skip-damaged`` leaves those out and lists them), a bad
+``--slo`` or cost, an unwritable ``--json`` path.
 """
 
 from __future__ import annotations
@@ -53,12 +54,13 @@ from typing import Any, Literal
 
 from rich.console import Console
 
+from harness import runread
 from harness.capacity import KneeRule
 from harness.fingerprint import hardware, hardware_label
 from harness.records import CellRecord, ParamValue, RecordError, Status, format_param
-from harness.report import fmt_number
+from harness.report import fmt_number, publish
+from harness.runread import Damaged, RunContents
 from harness.stats import min_samples_for, percentile_key, rate_ci
-from harness.store import read_manifest, read_records, replace
 from harness.streaming import SLO, parse_slos
 
 EXIT_OK = 0
@@ -297,6 +299,7 @@ class RunInfo:
     path: str
     run_id: str
     state: str
+    """As readers show it: "interrupted: ..." for a running manifest nobody writes."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,8 @@ class Recommendation:
     runs: tuple[RunInfo, ...]
     hardware: tuple[str, ...]
     workloads: tuple[WorkloadAdvice, ...]
+    skipped: tuple[Damaged, ...] = ()
+    """Damaged files left out (``--skip-damaged``)."""
 
     def __post_init__(self) -> None:
         if self.gpu_hour_cost is not None and not (
@@ -339,18 +344,15 @@ class _Cell:
     """The run's ``--model`` (None: the embedded default)."""
 
 
-def _read_run(path: Path) -> tuple[RunInfo, list[_Cell]]:
-    try:
-        manifest = read_manifest(path)
-        records = read_records(path)
-    except (OSError, RecordError) as exc:
-        raise RecommendError(f"cannot read run directory {path}: {exc}") from exc
-    by_id = {r.cell_id: r for r in records}
+def _cells_of(run: RunContents) -> list[_Cell]:
+    """The run's planned cells (the reader refused records of any other)."""
+    manifest = run.manifest
+    by_id = {r.cell_id: r for r in run.records}
     model = manifest.settings.get("model")
     model = None if model is None else str(model)
     cells = []
     for planned in manifest.planned:
-        rec = by_id.pop(planned.cell_id, None)
+        rec = by_id.get(planned.cell_id)
         env = _environment(manifest.environment, rec)
         params = tuple(planned.params.items())
         cells.append(
@@ -365,13 +367,7 @@ def _read_run(path: Path) -> tuple[RunInfo, list[_Cell]]:
                 model,
             )
         )
-    for rec in sorted(by_id.values(), key=lambda r: r.cell_id):  # recorded, not planned
-        env = _environment(manifest.environment, rec)
-        params = tuple(rec.params.items())
-        cells.append(
-            _Cell(manifest.run_id, rec.cell_id, rec.workload, rec.engine, params, rec, env, model)
-        )
-    return RunInfo(str(path), manifest.run_id, manifest.state), cells
+    return cells
 
 
 def _environment(manifest_env: Mapping[str, Any], rec: CellRecord | None) -> Mapping[str, Any]:
@@ -381,18 +377,30 @@ def _environment(manifest_env: Mapping[str, Any], rec: CellRecord | None) -> Map
     return rec.environment
 
 
-def _read_runs(run_dirs: Sequence[Path]) -> tuple[tuple[RunInfo, ...], list[_Cell]]:
+def _read_runs(run_dirs: Sequence[Path], skip_damaged: bool) -> list[RunContents]:
     if not run_dirs:
         raise RecommendError("give at least one run directory")
-    runs: list[RunInfo] = []
-    cells: list[_Cell] = []
-    for path in run_dirs:
-        info, found = _read_run(Path(path))
-        if any(r.run_id == info.run_id for r in runs):
-            raise RecommendError(f"run {info.run_id} is given twice ({path}); give it once")
-        runs.append(info)
-        cells += found
-    return tuple(runs), cells
+    try:
+        runs = runread.read_run_dirs([Path(p) for p in run_dirs], skip_damaged=skip_damaged)
+    except (OSError, RecordError) as exc:
+        raise RecommendError(f"cannot read run directory: {exc}") from exc
+    seen: set[str] = set()
+    for run in runs:
+        if run.manifest.run_id in seen:
+            raise RecommendError(
+                f"run {run.manifest.run_id} is given twice ({run.path}); give it once"
+            )
+        seen.add(run.manifest.run_id)
+    return runs
+
+
+def _recommend_runs(
+    runs: Sequence[RunContents], slos: Sequence[SLO], gpu_hour_cost: float | None
+) -> Recommendation:
+    infos = [RunInfo(str(r.path), r.manifest.run_id, r.state) for r in runs]
+    cells = [cell for run in runs for cell in _cells_of(run)]
+    skipped = tuple(d for r in runs for d in r.skipped)
+    return recommend_cells(infos, cells, slos, gpu_hour_cost, skipped)
 
 
 # --------------------------------------------------------------------------- judging
@@ -883,6 +891,7 @@ def recommend_cells(
     cells: Sequence[_Cell],
     slos: Sequence[SLO],
     gpu_hour_cost: float | None,
+    skipped: Sequence[Damaged] = (),
 ) -> Recommendation:
     groups = _hardware_groups(cells)
     questions: dict[tuple[str, str, Params], list[_Cell]] = {}
@@ -899,21 +908,33 @@ def recommend_cells(
         runs=tuple(runs),
         hardware=tuple(label for label, _ in groups.values()),
         workloads=tuple(advice),
+        skipped=tuple(skipped),
     )
 
 
 def recommend(
-    run_dirs: Sequence[Path], slos: Sequence[SLO], gpu_hour_cost: float | None = None
+    run_dirs: Sequence[Path],
+    slos: Sequence[SLO],
+    gpu_hour_cost: float | None = None,
+    *,
+    skip_damaged: bool = False,
 ) -> Recommendation:
     """The recommendation for ``slos`` from the runs in ``run_dirs`` (a pure function of
-    their contents); raises ``RecommendError`` for input it cannot use."""
+    their contents); raises ``RecommendError`` for input it cannot use, damaged or
+    foreign records included unless ``skip_damaged`` leaves them out (and lists them)."""
     keys = [s.key for s in slos]
     if len(keys) != len(set(keys)):
         raise RecommendError(f"an SLO is given twice: {', '.join(keys)}")
     if gpu_hour_cost is not None and not (gpu_hour_cost > 0 and math.isfinite(gpu_hour_cost)):
         raise RecommendError(f"--gpu-hour-cost must be a positive number, got {gpu_hour_cost:g}")
-    runs, cells = _read_runs(run_dirs)
-    return recommend_cells(runs, cells, slos, gpu_hour_cost)
+    runs = _read_runs(run_dirs, skip_damaged)
+    try:
+        _, rec = runread.vet(
+            runs, lambda rs: _recommend_runs(rs, slos, gpu_hour_cost), skip_damaged=skip_damaged
+        )
+    except RecordError as exc:
+        raise RecommendError(f"cannot recommend from these runs: {exc}") from exc
+    return rec
 
 
 # --------------------------------------------------------------------------- output
@@ -1039,6 +1060,7 @@ def render(rec: Recommendation) -> str:
     for run in rec.runs:
         state = "" if run.state == "complete" else f" (run is {run.state}: cells may be missing)"
         lines.append(f"run {run.run_id}: {run.path}{state}")
+    lines += runread.skipped_lines(rec.skipped)
     several = len(rec.hardware) > 1
     if several:
         lines.append(
@@ -1075,6 +1097,8 @@ def _plain(value: Any) -> Any:
         if isinstance(value, Candidate):
             out |= {"meets": value.meets, "configuration": value.configuration()}
         return out
+    if isinstance(value, Path):
+        return str(value)
     if isinstance(value, float) and not math.isfinite(value):
         return "Infinity" if value > 0 else ("-Infinity" if value < 0 else "NaN")
     if isinstance(value, dict):
@@ -1114,6 +1138,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         " tokens / 1k requests or images",
     )
     p.add_argument("--json", metavar="PATH", help="also write the recommendation as JSON")
+    runread.add_skip_damaged(p)
     p.set_defaults(func=_run)
 
 
@@ -1127,15 +1152,20 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             console, f"bad --slo {args.slo!r}: {exc}; give e.g. --slo e2e_p99=50ms,ttft_p99=200ms"
         )
     try:
-        rec = recommend([Path(p) for p in args.run_dirs], slos, args.gpu_hour_cost)
+        rec = recommend(
+            [Path(p) for p in args.run_dirs],
+            slos,
+            args.gpu_hour_cost,
+            skip_damaged=args.skip_damaged,
+        )
     except RecommendError as exc:
         return _usage(console, str(exc))
     console.print(render(rec), markup=False, highlight=False, soft_wrap=True, end="")
     if args.json:
         try:
-            replace(Path(args.json), to_json(rec))
+            publish(Path(args.json), to_json(rec))
         except OSError as exc:
-            return _usage(console, f"cannot write {args.json}: {exc}")
+            return _usage(console, str(exc))
         console.print(f"wrote {args.json}", markup=False, highlight=False, soft_wrap=True)
     return rec.exit_code
 

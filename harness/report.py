@@ -2,7 +2,9 @@
 
 Rows are workload cells (in the order the run planned them), columns are engines,
 each entry the cell's headline figures when it is ok and its status otherwise (never
-numbers for a cell that is not ok). Building twice gives identical bytes.
+numbers for a cell that is not ok). Building twice gives identical bytes. The run
+directory is read through harness.runread: damaged or foreign records are refused, or
+with ``skip_damaged`` left out and listed under "Skipped damaged files".
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ import csv
 import html
 import io
 import math
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.records import CellRecord, Manifest, ParamValue, Status, format_param
-from harness.store import read_manifest, read_records, replace
+from harness.runread import Damaged, RunContents, read_run_dir, vet
+from harness.store import StorageError, replace
 
 
 @dataclass(frozen=True)
@@ -45,38 +50,42 @@ class Matrix:
     state: str
     engines: tuple[str, ...]
     rows: tuple[Row, ...]
+    skipped: tuple[Damaged, ...] = ()
+    """Damaged files left out (``--skip-damaged``), listed with the matrix."""
 
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(r.workload for r in self.rows))
 
 
-def build(manifest: Manifest, records: Iterable[CellRecord]) -> Matrix:
+def build(
+    manifest: Manifest,
+    records: Iterable[CellRecord],
+    state: str | None = None,
+    skipped: Sequence[Damaged] = (),
+) -> Matrix:
+    """The matrix of the planned cells; ``state`` is the state to show (default: the
+    manifest's). A record of a cell that is not planned has no row: the reader refuses
+    such records as planted (harness.runread)."""
     by_id = {r.cell_id: r for r in records}
-    planned = list(manifest.planned)
-    planned_ids = {c.cell_id for c in planned}
-    # Records without a planned cell (should not happen) still show, after the plan.
-    extra = sorted(
-        (r for r in by_id.values() if r.cell_id not in planned_ids), key=lambda r: r.cell_id
-    )
-    cells = [(c.workload, c.engine, c.params, by_id.get(c.cell_id)) for c in planned]
-    cells += [(r.workload, r.engine, r.params, r) for r in extra]
     rows: dict[tuple[str, tuple[tuple[str, ParamValue], ...]], dict[str, Entry]] = {}
-    for workload, engine, params, record in cells:
-        key = (workload, tuple(params.items()))
-        rows.setdefault(key, {})[engine] = Entry(engine, record)
+    for c in manifest.planned:
+        key = (c.workload, tuple(c.params.items()))
+        rows.setdefault(key, {})[c.engine] = Entry(c.engine, by_id.get(c.cell_id))
     engines = tuple(dict.fromkeys(e for entries in rows.values() for e in entries))
     return Matrix(
         run_id=manifest.run_id,
-        state=manifest.state,
+        state=manifest.state if state is None else state,
         engines=engines,
         rows=tuple(Row(w, p, e) for (w, p), e in rows.items()),
+        skipped=tuple(skipped),
     )
 
 
 def fmt_number(value: float) -> str:
-    """Three significant figures or so; whole numbers stay whole, large ones get k/M."""
-    if math.isinf(value):
-        return "inf"
+    """Three significant figures or so; whole numbers stay whole, large ones get k/M.
+    NaN and infinities are shown as words: a figure can legitimately be either."""
+    if not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     a = abs(value)
     for limit, unit, suffix in ((1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e4, 1e3, "k")):
         if a >= limit:
@@ -171,11 +180,23 @@ def to_markdown(matrix: Matrix) -> str:
     lines = [f"# Result matrix: run {matrix.run_id}", ""]
     if matrix.state != "complete":
         lines += [f"**Run is {matrix.state}: some planned cells have no record.**", ""]
+    if matrix.skipped:
+        n = len(matrix.skipped)
+        lines += [f"**{n} damaged file(s) left out: see Skipped damaged files.**", ""]
     for workload in matrix.workloads():
         rows = [r for r in matrix.rows if r.workload == workload]
         lines += _workload_table(workload, rows, matrix.engines)
     lines += _warnings(matrix)
+    lines += _skipped(matrix.skipped)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _skipped(skipped: Sequence[Damaged]) -> list[str]:
+    if not skipped:
+        return []
+    listed = [f"- {_escape_md(str(d.path))}: {_escape_md(d.why)}" for d in skipped]
+    note = "Left out with --skip-damaged; nothing in them is in the matrix above."
+    return ["## Skipped damaged files", "", note, "", *listed, ""]
 
 
 def _workload_table(workload: str, rows: list[Row], engines: tuple[str, ...]) -> list[str]:
@@ -248,10 +269,66 @@ def _csv_number(value: float | None) -> str:
     return "" if value is None else repr(round(value, 9))
 
 
-def write(run_dir: Path) -> tuple[Path, Path]:
-    """Build the matrix of ``run_dir`` and write matrix.md and matrix.csv into it."""
-    matrix = build(read_manifest(run_dir), read_records(run_dir))
+class WriteError(StorageError):
+    """A report file could not be written; the message names it and the OS's reason.
+    A StorageError, so that a run's end-of-run report fails the way its records do."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()  # without OSError's "[Errno N]" prefix
+
+
+def publish(path: Path, data: bytes) -> None:
+    """Write ``path`` atomically, a failure (read-only directory, a directory in the
+    way, a full disk) as a WriteError naming the file."""
+    with writing(path):
+        replace(path, data)
+
+
+def write_error(path: Path, exc: OSError) -> WriteError:
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    return WriteError(exc.errno or 0, f"cannot write {path}: {why}")
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Any OSError inside as a WriteError naming ``path``."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as exc:  # a StorageError too: this one names the file, not its folder
+        raise write_error(path, exc) from exc
+
+
+@dataclass(frozen=True)
+class Written:
+    markdown: Path
+    csv: Path
+    skipped: tuple[Damaged, ...]
+
+
+def _texts(runs: Sequence[RunContents]) -> tuple[str, str]:
+    [run] = runs
+    matrix = build(run.manifest, run.records, run.state, run.skipped)
+    return to_markdown(matrix), to_csv(matrix)
+
+
+def publish_run(run_dir: Path, *, skip_damaged: bool = False) -> Written:
+    """Build the matrix of ``run_dir`` and write matrix.md and matrix.csv into it.
+
+    Raises RecordError (DamagedRunError: damaged or foreign records, each file named)
+    when the run cannot be reported, WriteError when the files cannot be written.
+    """
+    runs, (md_text, csv_text) = vet(
+        [read_run_dir(run_dir, skip_damaged=skip_damaged)], _texts, skip_damaged=skip_damaged
+    )
     md, csv_path = run_dir / "matrix.md", run_dir / "matrix.csv"
-    replace(md, to_markdown(matrix).encode())
-    replace(csv_path, to_csv(matrix).encode())
-    return md, csv_path
+    publish(md, md_text.encode())
+    publish(csv_path, csv_text.encode())
+    return Written(md, csv_path, runs[0].skipped)
+
+
+def write(run_dir: Path, *, skip_damaged: bool = False) -> tuple[Path, Path]:
+    """``publish_run``'s two files (matrix.md, matrix.csv)."""
+    written = publish_run(run_dir, skip_damaged=skip_damaged)
+    return written.markdown, written.csv

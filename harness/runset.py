@@ -16,7 +16,7 @@ from typing import Any
 
 from harness import fingerprint, report
 from harness.records import CellRecord, Manifest
-from harness.store import read_manifest, read_records
+from harness.runread import Damaged, RunContents, read_run_dirs
 
 
 def environment_of(manifest: Manifest, records: Iterable[CellRecord]) -> dict[str, Any]:
@@ -29,11 +29,32 @@ def environment_of(manifest: Manifest, records: Iterable[CellRecord]) -> dict[st
 
 @dataclass(frozen=True)
 class Run:
-    """One run directory: its manifest, its records and the machine that measured it."""
+    """One run directory as read (harness.runread): its manifest, its records, the
+    damaged files left out, and the machine that measured it."""
 
-    path: Path
-    manifest: Manifest
-    records: tuple[CellRecord, ...]
+    contents: RunContents
+
+    @property
+    def path(self) -> Path:
+        return self.contents.path
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.contents.manifest
+
+    @property
+    def records(self) -> tuple[CellRecord, ...]:
+        return self.contents.records
+
+    @property
+    def skipped(self) -> tuple[Damaged, ...]:
+        """Damaged files of this run left out (``--skip-damaged``)."""
+        return self.contents.skipped
+
+    @property
+    def state(self) -> str:
+        """The state to show: "interrupted" for a running manifest nobody writes."""
+        return self.contents.state
 
     @property
     def environment(self) -> dict[str, Any]:
@@ -62,6 +83,10 @@ class RunSet:
         return tuple(dict.fromkeys(r.hardware for r in self.runs))
 
     @property
+    def skipped(self) -> tuple[Damaged, ...]:
+        return tuple(d for r in self.runs for d in r.skipped)
+
+    @property
     def mixed(self) -> bool:
         return len(self.hardware) > 1
 
@@ -70,10 +95,14 @@ class RunSet:
         return f"{engine} @ {run.hardware}" if self.mixed else engine
 
 
-def load(paths: Sequence[Path]) -> RunSet:
-    """Read each run directory (errors name the directory and what is wrong)."""
-    runs = [Run(p, read_manifest(p), tuple(read_records(p))) for p in paths]
-    return RunSet(tuple(runs))
+def load(paths: Sequence[Path], *, skip_damaged: bool = False) -> RunSet:
+    """Read each run directory (errors name the directory or file and what is wrong;
+    damaged files of every run at once, unless ``skip_damaged`` leaves them out)."""
+    return of(read_run_dirs(paths, skip_damaged=skip_damaged))
+
+
+def of(contents: Iterable[RunContents]) -> RunSet:
+    return RunSet(tuple(Run(c) for c in contents))
 
 
 @dataclass(frozen=True)
@@ -110,14 +139,11 @@ def merge(runs: RunSet) -> Merged:
         state=_state(runs),
         engines=columns,
         rows=tuple(report.Row(w, p, e) for (w, p), e in rows.items()),
+        skipped=runs.skipped,
     )
     return Merged(matrix, tuple(replaced))
 
 
 def _state(runs: RunSet) -> str:
-    unfinished = [
-        f"{r.manifest.run_id} is {r.manifest.state}"
-        for r in runs.runs
-        if r.manifest.state != "complete"
-    ]
+    unfinished = [f"{r.manifest.run_id} is {r.state}" for r in runs.runs if r.state != "complete"]
     return "incomplete: " + ", ".join(unfinished) if unfinished else "complete"

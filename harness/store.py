@@ -23,7 +23,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from harness.records import CellRecord, Manifest, RecordError, check_id, dump, read
+from harness.records import CellRecord, M, Manifest, RecordError, check_id, dump, read
 
 MANIFEST = "manifest.json"
 CELLS = "cells"
@@ -134,15 +134,29 @@ def write_manifest(run_dir: Path, manifest: Manifest) -> Path:
     return path
 
 
+def _read(model: type[M], path: Path) -> M:
+    """``records.read``, where a file that cannot be read at all (a directory, a dangling
+    link, no permission) is a RecordError naming it like a corrupt one."""
+    try:
+        return read(model, path)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise RecordError(f"{path}: cannot read it: {why}") from exc
+    except RecursionError as exc:  # JSON nested past the parser's stack
+        raise RecordError(f"{path}: corrupt results file (nested too deeply)") from exc
+
+
 def read_manifest(run_dir: Path) -> Manifest:
     path = run_dir / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no {MANIFEST})")
-    return read(Manifest, path)
+    return _read(Manifest, path)
 
 
-def _read_cell_file(path: Path) -> CellRecord:
-    record = read(CellRecord, path)
+def read_cell_file(path: Path) -> CellRecord:
+    """One record file; RecordError naming it if it cannot be read, parsed, or is not
+    under its own name."""
+    record = _read(CellRecord, path)
     if path.name != cell_path(path.parent.parent, record.cell_id, record.attempt).name:
         raise RecordError(
             f"{path}: holds cell {record.cell_id!r} attempt {record.attempt}; the file name"
@@ -157,7 +171,7 @@ def read_all_records(run_dir: Path) -> list[CellRecord]:
     if not cells.is_dir():
         raise FileNotFoundError(f"{run_dir} has no {CELLS}/ directory")
     paths = [p for p in cells.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]
-    found = [_read_cell_file(p) for p in paths]
+    found = [read_cell_file(p) for p in paths]
     return sorted(found, key=lambda r: (r.cell_id, r.attempt))
 
 
