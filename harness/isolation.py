@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +32,7 @@ from harness.child import Child, Event, describe_exit, spawn
 from harness.config import Reliability
 from harness.records import Status
 from harness.store import LOGS
-from harness.worker import WorkerSpec
+from harness.worker import WorkerSpec, worker_argv
 
 POLL_S = 0.5
 MEMORY_SHARE = 0.9  # default worker limit: act before the kernel's OOM killer picks a victim
@@ -97,6 +96,14 @@ class Attempt:
     started: float | None = None
 
 
+def _last_failure(attempt: Attempt) -> str:
+    if attempt.abnormal:
+        return attempt.abnormal
+    if attempt.lost is not None:
+        return f"{attempt.reason} ({attempt.lost.nodeid})"
+    return "the worker restarted itself after a crash-like error in a cell"
+
+
 @dataclass
 class InFlight:
     item: pytest.Item
@@ -128,6 +135,7 @@ class Supervisor:
             psutil.virtual_memory().total * MEMORY_SHARE
         )
         self.spawned = 0
+        self.log = run_dir / LOGS
         # Worker specs are instructions, not results: they stay out of the results directory.
         self.scratch = Path(tempfile.mkdtemp(prefix="harness-workers-"))
 
@@ -144,7 +152,7 @@ class Supervisor:
             if attempt.fatal:
                 return
             if attempt.never_ready:
-                self._give_up(engine, remaining, attempt.abnormal)
+                self._give_up(engine, remaining, attempt.abnormal, attempt.tail)
                 return
             if attempt.lost is not None:
                 self._lose(
@@ -165,35 +173,26 @@ class Supervisor:
                     engine,
                     remaining,
                     f"the {engine} worker failed {restarts} times, over the restart cap"
-                    f" (--max-restarts={self.limits.max_restarts}); see the crashed/timeout"
-                    " cells",
+                    f" (--max-restarts={self.limits.max_restarts}); the last time: "
+                    + _last_failure(attempt),
+                    attempt.tail,
                 )
                 return
 
     def _stopping(self) -> bool:
         return bool(self.session.shouldstop or self.session.shouldfail)
 
-    def _give_up(self, engine: str, items: Sequence[pytest.Item], why: str) -> None:
+    def _give_up(
+        self, engine: str, items: Sequence[pytest.Item], why: str, tail: Sequence[str]
+    ) -> None:
         reason = f"not run: {why}"
         for item in items:
             self._start(item)
-            self._lose(item, Status.FAILED, reason, tail=())
+            self._lose(item, Status.FAILED, reason, tail=tail)
 
     # -- one worker --------------------------------------------------------------
     def _argv(self, spec_path: Path) -> list[str]:
-        args = list(self.config.invocation_params.args)
-        return [
-            sys.executable,
-            "-m",
-            "pytest",
-            *args,
-            "-p",
-            "no:cacheprovider",
-            "--capture=no",
-            "-q",
-            "--maxfail=0",
-            f"--harness-worker={spec_path}",
-        ]
+        return worker_argv(self.config, spec_path)
 
     def _spawn(self, engine: str, items: Sequence[pytest.Item]) -> Child:
         self.spawned += 1
@@ -202,14 +201,15 @@ class Supervisor:
             logs.mkdir(exist_ok=True)
         stem = f"attempt{self.attempt_no}-worker{self.spawned}-{engine}"
         spec_path = self.scratch / f"{stem}.spec.json"
-        WorkerSpec(self.run_dir, tuple(i.nodeid for i in items), self.attempt_no).dump(spec_path)
+        WorkerSpec(
+            self.run_dir,
+            tuple(i.nodeid for i in items),
+            self.attempt_no,
+            tuple(i.path for i in items),
+        ).dump(spec_path)
+        self.log = logs / f"{stem}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        return spawn(
-            self._argv(spec_path),
-            self.config.invocation_params.dir,
-            env,
-            logs / f"{stem}.log",
-        )
+        return spawn(self._argv(spec_path), self.config.invocation_params.dir, env, self.log)
 
     def _run_worker(self, engine: str, items: Sequence[pytest.Item]) -> Attempt:
         child = self._spawn(engine, items)
@@ -368,13 +368,27 @@ class Watch:
 
     def _on_ready(self, data: dict[str, Any]) -> None:
         self.ready = True
-        missing = data.get("missing") or []
+        missing = [n for n in data.get("missing") or [] if n in self.items]
         if missing:
-            self.sup.recorder.incident(
-                "a worker did not collect " + ", ".join(missing) + "; collection differs"
-                " between controller and worker (run from the same directory and arguments)"
-            )
+            reason = self._not_collected(data.get("errors") or [])
+            for nodeid in missing:
+                self.sup._start(self.items[nodeid])
+                self.sup._lose(self.items[nodeid], Status.FAILED, reason, tuple(self.child.tail))
+                self.attempt.finished.add(nodeid)  # it cannot run in any worker either
         self.phase = "waiting for the first cell"
+
+    def _not_collected(self, errors: list[dict[str, str]]) -> str:
+        """Why a worker has no such cell, in the worker's own words where it has any."""
+        log = f"the worker's log: {self.sup.log}"
+        if not errors:
+            return (
+                "not run: the worker collected no test with this node id (parametrization"
+                f" that differs between processes?); {log}"
+            )
+        detail = "\n".join(
+            f"{e.get('nodeid') or '<session>'}:\n{e.get('text', '')}" for e in errors
+        )
+        return f"not run: the worker could not collect it ({log}):\n{detail}"
 
     def _on_logstart(self, data: dict[str, Any]) -> None:
         item = self.items[data["nodeid"]]

@@ -32,6 +32,7 @@ from harness.rayconn import connect, node_address, ray_module
 from harness.records import CellRecord, RecordError, Status
 from harness.remotecell import RemoteResult, RemoteSpec, run_cell, spec_for
 from harness.run import RunState, engine_of, is_cell
+from harness.worker import rerun_args
 
 POLL_S = 1.0
 LOST_TO_CLUSTER = (
@@ -120,7 +121,7 @@ class RayRunner:
         timeout = self.settings.cell_timeout_s + self.settings.reliability.load_timeout_s
         return spec_for(
             item.nodeid,
-            self.config.invocation_params.args,
+            rerun_args(self.config),
             self.config.invocation_params.dir,
             str(python) if python else sys.executable,
             timeout,
