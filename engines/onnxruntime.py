@@ -158,6 +158,7 @@ class OnnxRuntimeEngine:
         self._opt_level = config.options.get("graph_optimization", "all")
         self._graphs: dict[Any, tuple[Any, ...]] = {}
         self._loaded_model: Path | None = None
+        self._int8_prep: list[str] = []
 
     @classmethod
     def probe(cls, device: str) -> Availability:
@@ -221,15 +222,18 @@ class OnnxRuntimeEngine:
         kind = self.config.options.get("quantize") or self.config.options.get("convert")
         if not kind:
             return source
+        if kind == "int8":
+            from engines.onnxprep import quantization_blockers  # noqa: PLC0415
+
+            self._int8_prep = quantization_blockers(source)
         digest = _sha256(source) or "unreadable"
-        target = cache_root() / "ort-derived" / f"{source.stem}-{digest[:16]}-{kind}.onnx"
+        name = f"{source.stem}-{digest[:16]}-{kind}{'-prep' if self._int8_prep else ''}.onnx"
+        target = cache_root() / "ort-derived" / name
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")
             if kind == "int8":
-                from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
-
-                quantize_dynamic(str(source), str(tmp), weight_type=QuantType.QInt8)
+                _quantize(source, tmp, prepare=bool(self._int8_prep))
             else:
                 import onnx  # noqa: PLC0415
                 from onnxruntime.transformers.float16 import (  # noqa: PLC0415
@@ -407,6 +411,7 @@ class OnnxRuntimeEngine:
                     "as the model",
                 ),
                 "providers": self._session.get_providers(),
+                **({"int8_prepared_for": self._int8_prep} if self._int8_prep else {}),
                 "threads": dict(self._threads),
                 "allow_spinning": self._spinning,
                 "graph_optimization": self._opt_level,
@@ -420,6 +425,35 @@ class OnnxRuntimeEngine:
     def close(self) -> None:
         self._graphs.clear()
         self._session = None
+
+
+def _quantize(source: Path, target: Path, *, prepare: bool) -> None:
+    """Dynamic int8 of ``source`` into ``target``. ``prepare``: the weights are not plain
+    initializers (listed as graph inputs, as IR < 4 requires, or computed by
+    ``ConstantOfShape`` nodes, as in ONNX's own test models), which ``quantize_dynamic``
+    refuses ("Expected conv1_w_0 to be an initializer"). The initializers are dropped
+    from the graph inputs first, so that ORT's ``quant_pre_process`` may fold the
+    computed weights into initializers; both in temporary copies beside ``target``."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
+
+    steps: list[Path] = []
+    try:
+        if prepare:
+            from onnxruntime.quantization.shape_inference import (  # noqa: PLC0415
+                quant_pre_process,
+            )
+
+            from engines.onnxprep import drop_initializer_inputs  # noqa: PLC0415
+
+            steps = [target.with_name(f"{target.name}.{step}.onnx") for step in ("in", "fold")]
+            drop_initializer_inputs(source, steps[0])
+            # symbolic shape inference needs sympy, which onnxruntime does not install
+            quant_pre_process(str(steps[0]), str(steps[1]), skip_symbolic_shape=True)
+            source = steps[1]
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    finally:
+        for step in steps:
+            step.unlink(missing_ok=True)
 
 
 def _sha256(path: Path) -> str | None:

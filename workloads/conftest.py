@@ -1,4 +1,5 @@
-"""Session fixtures the workloads share: the vLLM server behind ``--engine=openai``."""
+"""What the workloads share: the start-up checks of the user's ``--model``, ``--dim`` and
+``--images``, and the vLLM server behind ``--engine=openai``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,36 @@ from dataclasses import dataclass
 import pytest
 
 from harness.config import RunSettings
+from harness.plugin import settings_of
+from workloads import pipeline, usermodel
 from workloads.generative import model_dir
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Check the user's model and images once, before any cell: one usage error (exit
+    status 4) instead of the same traceback in every cell. A worker process or a Ray
+    node's run of one cell skips it: its controller checked the same options, and cells
+    prepare what they use lazily (``usermodel.prepared`` reuses the cached copy)."""
+    config = session.config
+    if config.getoption("harness_worker") or config.getoption("harness_only"):
+        return
+    settings = settings_of(config)
+    try:
+        usermodel.check(settings)
+    except usermodel.ModelError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if settings.images is not None:
+        _check_images(settings)
+
+
+def _check_images(settings: RunSettings) -> None:
+    assert settings.images is not None
+    bad = pipeline.verify_images(settings.images)
+    if bad:
+        raise pytest.UsageError(
+            f"--images {settings.images}: {len(bad)} file(s) cannot be decoded by the"
+            " reference decoder (PIL); remove or replace them:\n  " + "\n  ".join(bad)
+        )
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,13 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from harness.config import cache_root
 
@@ -37,6 +38,9 @@ HEADS = 4
 LAYERS = 2
 FFN = 512
 MAX_SEQUENCE = 256
+DYNAMIC_DIMS_ALL = ("height", "width", "sequence")
+"""The dynamic non-batch dims of the embedded models (what ``--dim`` may size without
+``--model``)."""
 
 
 @dataclass(frozen=True)
@@ -245,15 +249,25 @@ def embedded(name: str, seed: int = 0) -> EmbeddedModel:
     return EmbeddedModel(name, path, digest, seed)
 
 
-def open_model(open_engine: Any, cell: Any, settings: Any, default: str) -> Any:
-    """Load ``--model`` if given, else the embedded ``default``, as a tensor engine of the cell."""
+def open_model(
+    open_engine: Any, cell: Any, settings: Any, default: str, batches: Collection[int] = (1,)
+) -> Any:
+    """Load ``--model`` if given (as ``workloads.usermodel`` prepared it), else the embedded
+    ``default``, as a tensor engine of the cell; skips the cell when the model's fixed
+    batch dimension cannot take the ``batches`` sizes the cell sends."""
     from harness.engine import EngineError, TensorEngine  # noqa: PLC0415
+    from workloads.usermodel import batch_conflict, user_model  # noqa: PLC0415
 
-    model = settings.model
-    embedded_model = None if model else embedded(default, settings.seed)
-    engine = open_engine(model or embedded_model.path)  # type: ignore[union-attr]
+    user = user_model(settings, cell.engine)
+    embedded_model = None if user else embedded(default, settings.seed)
+    engine = open_engine(user.path if user else embedded_model.path)  # type: ignore[union-attr]
     if not isinstance(engine, TensorEngine):
         raise EngineError(f"{cell.engine} is not a tensor engine")
     if embedded_model is not None:
         cell.engine_info["embedded_model"] = embedded_model.describe()
+    if user is not None:
+        cell.engine_info["user_model"] = user.describe()
+    conflict = batch_conflict(engine.input_specs(), batches, user)
+    if conflict:
+        pytest.skip(conflict)
     return engine

@@ -10,12 +10,14 @@ validity verdict says so).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,9 +26,24 @@ import numpy as np
 import psutil
 
 from workloads import images
-from workloads.preprocess import Batch, Preprocessor, Transform, make, parity
+from workloads.preprocess import (
+    Batch,
+    DecodeError,
+    PilPreprocessor,
+    Preprocessor,
+    Transform,
+    Unavailable,
+    decode_reason,
+    make,
+    parity,
+)
 
 Classify = Callable[[Batch], np.ndarray]  # batch -> logits (n, classes)
+NAMES_IN_NOTE = 8
+
+
+class ImageError(ValueError):
+    """A corpus image a backend could not decode, named."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,26 @@ class Corpus:
         """The ``k``-th batch of ``size`` images, round-robin over the corpus."""
         n = len(self.data)
         return [self.data[(k * size + i) % n] for i in range(size)]
+
+    def names_of(self, k: int, size: int) -> list[str]:
+        """The file names of ``batch(k, size)``."""
+        n = len(self.names)
+        return [self.names[(k * size + i) % n] for i in range(size)]
+
+    @contextlib.contextmanager
+    def naming(self, names: Sequence[str]) -> Iterator[None]:
+        """A backend's error on a batch of these images says which file (or files) it was:
+        the backends only see bytes."""
+        try:
+            yield
+        except DecodeError as exc:
+            name = names[exc.position]
+            raise ImageError(f"cannot decode {name} ({self.source}): {exc.reason}") from exc
+        except Exception as exc:  # a batch-level backend (DALI) cannot point at one image
+            shown = ", ".join(dict.fromkeys(names[:NAMES_IN_NOTE]))
+            more = ", ..." if len(names) > NAMES_IN_NOTE else ""
+            exc.add_note(f"preprocessing images {shown}{more} ({self.source})")
+            raise
 
     def chunks(self, size: int) -> Iterator[tuple[int, list[bytes]]]:
         """Every image once, in order, in chunks of at most ``size``."""
@@ -70,6 +107,33 @@ def load_corpus(directory: Path | None, seed: int) -> Corpus:
         spec = images.CorpusSpec(seed=seed)
         files, source = images.load(images.corpus_dir(spec)), f"synthetic {spec.key()}"
     return Corpus(tuple(n for n, _ in files), tuple(d for _, d in files), source)
+
+
+def verify_images(directory: Path) -> list[str]:
+    """Decode every image of ``directory`` in full with the reference backend: one line
+    per file it cannot decode, naming it and why (empty: every file decodes)."""
+    try:
+        backend = PilPreprocessor()  # preprocess.REFERENCE: PIL decodes for the reference
+    except Unavailable:
+        return []  # no reference decoder here: the preprocessing cells skip saying why
+    files = images.load(directory)
+
+    def problem(item: tuple[str, bytes]) -> str | None:
+        name, data = item
+        try:
+            backend.decode(data)  # the reference's own decode (it forces the full decode)
+        except MemoryError:
+            raise
+        except Exception as exc:  # each decoder raises its own types
+            return f"{name}: {decode_reason(exc)}"
+        return None
+
+    try:
+        # decoders release the GIL: a large corpus is checked on every core
+        with ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0)))) as pool:
+            return [p for p in pool.map(problem, files) if p]
+    finally:
+        backend.close()
 
 
 @dataclass
@@ -139,9 +203,10 @@ def preprocess_only(backend: Preprocessor, corpus: Corpus, size: int, limits: Li
         k = 0
         while not limits.done(k, clock() - start):
             batch = corpus.batch(k, size)
-            t0 = clock()
-            _, spans = backend.run(batch)
-            window.add(clock() - t0, spans)
+            with corpus.naming(corpus.names_of(k, size)):
+                t0 = clock()
+                _, spans = backend.run(batch)
+                window.add(clock() - t0, spans)
             k += 1
     return window
 
@@ -153,14 +218,17 @@ def stage_pass(
     (DALI's stage pipelines allocate on their first batches): seconds per stage."""
     per_pass = max(1, len(corpus.data) // size)
     for k in range(warmup * per_pass):
-        backend.staged(corpus.batch(k, size))
+        with corpus.naming(corpus.names_of(k, size)):
+            backend.staged(corpus.batch(k, size))
     window = Window(size)
     clock = time.perf_counter
     with _Meter(window):
         for k in range(passes * per_pass):
-            t0 = clock()
-            _, spans = backend.staged(corpus.batch(k, size))
-            window.add(clock() - t0, spans)
+            batch = corpus.batch(k, size)
+            with corpus.naming(corpus.names_of(k, size)):
+                t0 = clock()
+                _, spans = backend.staged(batch)
+                window.add(clock() - t0, spans)
     return window
 
 
@@ -174,9 +242,11 @@ def serial(
         start = clock()
         k = 0
         while not limits.done(k, clock() - start):
-            t0 = clock()
-            batch, _ = backend.run(corpus.batch(k, size))
-            t1 = clock()
+            images_k, names = corpus.batch(k, size), corpus.names_of(k, size)
+            with corpus.naming(names):
+                t0 = clock()
+                batch, _ = backend.run(images_k)
+                t1 = clock()
             logits = classify(batch)
             t2 = clock()
             logits.argmax(axis=1)
@@ -204,9 +274,12 @@ class _Producer:
         k = 0
         try:
             while not self.stop.is_set():
-                t0 = time.perf_counter()
-                batch, _ = self.backend.run(self.corpus.batch(k, self.size))
-                self._put((t0, time.perf_counter(), batch))
+                images_k = self.corpus.batch(k, self.size)
+                with self.corpus.naming(self.corpus.names_of(k, self.size)):
+                    t0 = time.perf_counter()
+                    batch, _ = self.backend.run(images_k)
+                    t1 = time.perf_counter()
+                self._put((t0, t1, batch))
                 k += 1
         except BaseException as exc:  # handed to the consumer, which raises it
             self._put(exc)
@@ -288,7 +361,10 @@ class Tolerance:
 
 def run_over(backend: Preprocessor, corpus: Corpus, size: int) -> Batch:
     """Every corpus image once through ``backend.run``, in corpus order."""
-    parts = [backend.run(chunk)[0] for _, chunk in corpus.chunks(size)]
+    parts = []
+    for start, chunk in corpus.chunks(size):
+        with corpus.naming(corpus.names[start : start + size]):
+            parts.append(backend.run(chunk)[0])
     return np.concatenate(parts)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import io
 import itertools
+import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -84,6 +85,26 @@ class Unavailable(RuntimeError):
     """The backend cannot run here; the message says why and what to install."""
 
 
+class DecodeError(ValueError):
+    """One image of a batch could not be decoded; ``position`` is its index in the batch
+    (the caller knows which file that is, the backend only sees bytes)."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        super().__init__(f"image {position} of the batch: {reason}")
+        self.position = position
+        self.reason = reason
+
+
+# PIL names the stream it was given ("<_io.BytesIO object at 0x7f...>"): noise, not a name
+_STREAM = re.compile(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
+
+
+def decode_reason(exc: BaseException) -> str:
+    """A decoder's exception as one line that does not name an in-memory stream."""
+    text = _STREAM.sub("", str(exc)).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class _CpuBackend:
     """Decode, resize+crop and normalize image by image; ``threads`` > 1 splits a batch
     into contiguous slices, one per worker thread (the libraries release the GIL while
@@ -107,12 +128,20 @@ class _CpuBackend:
     def resize(self, image: Any) -> npt.NDArray[np.uint8]:
         raise NotImplementedError
 
+    def _decode_at(self, images: Sequence[bytes], i: int) -> Any:
+        try:
+            return self.decode(images[i])
+        except MemoryError:
+            raise  # the process, not the image: must stay recognizable as fatal
+        except Exception as exc:  # PIL, OpenCV and NumPy each raise their own types
+            raise DecodeError(i, decode_reason(exc)) from exc
+
     def _fill(self, out: Batch, images: Sequence[bytes], rows: range) -> dict[str, float]:
         spent = dict.fromkeys(STAGES, 0.0)
         clock = time.perf_counter
         for i in rows:
             t0 = clock()
-            decoded = self.decode(images[i])
+            decoded = self._decode_at(images, i)
             t1 = clock()
             cropped = self.resize(decoded)
             t2 = clock()
@@ -146,7 +175,7 @@ class _CpuBackend:
         each = self._pool.map if self._pool is not None else map
         clock = time.perf_counter
         t0 = clock()
-        decoded = list(each(self.decode, images))
+        decoded = list(each(lambda i: self._decode_at(images, i), range(len(images))))
         t1 = clock()
         cropped = list(each(self.resize, decoded))
         t2 = clock()

@@ -86,11 +86,12 @@ def test_batching(
     delay_ms: float | None,
 ) -> None:
     seed = harness_settings.seed
-    engine = open_model(open_engine, cell, harness_settings, MODEL)
+    policy = make_policy(mode, batch, delay_ms)
+    served = range(1, policy.max_batch + 1)  # static flushes a partial last batch
+    engine = open_model(open_engine, cell, harness_settings, MODEL, batches=served)
     specs = engine.input_specs()
     rng = np.random.default_rng(seed)
     pool = [inputs.synthesize(specs, harness_settings.dims, rng) for _ in range(DISTINCT_INPUTS)]
-    policy = make_policy(mode, batch, delay_ms)
     for size in sorted({1, policy.max_batch}):
         engine.warmup(inputs.collate(pool[:size]), harness_settings.profile.warmup_iterations)
 

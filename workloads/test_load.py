@@ -86,7 +86,8 @@ def _tensor_target(
     slos: tuple[SLO, ...],
     policy: BatchPolicy,
 ) -> TensorTarget:
-    engine = open_model(open_engine, cell, settings, MODEL)
+    sizes = range(1, policy.max_batch + 1)
+    engine = open_model(open_engine, cell, settings, MODEL, batches=sizes)
     rng = np.random.default_rng(settings.seed)
     pool = [
         inputs.synthesize(engine.input_specs(), settings.dims, rng) for _ in range(DISTINCT_INPUTS)

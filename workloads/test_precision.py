@@ -40,6 +40,7 @@ from workloads.precision import (
     speedup,
     token_agreement,
 )
+from workloads.usermodel import fixed_batch, user_model
 
 PRECISIONS = ("fp16", "bf16", "int8")
 # embedded model -> sizes of its dynamic dims (batch aside)
@@ -84,17 +85,22 @@ def test_precision(
 ) -> None:
     settings = harness_settings
     ref_options, low_options = _options(cell.engine, precision, settings.device)
-    embedded = None if settings.model else models.embedded(model, settings.seed)
-    path = settings.model or embedded.path  # type: ignore[union-attr]
+    user = user_model(settings, cell.engine)
+    embedded = None if user else models.embedded(model, settings.seed)
+    path = user.path if user else embedded.path  # type: ignore[union-attr]
     reference = _tensor(open_engine(path, options=ref_options))
     reference_info = cell.engine_info
     reduced = _tensor(open_engine(path, options=low_options))
     cell.engine_info = {**cell.engine_info, "reference": reference_info}
     if embedded is not None:
         cell.engine_info["embedded_model"] = embedded.describe()
+    if user is not None:
+        cell.engine_info["user_model"] = user.describe()
     dims = {**EMBEDDED.get(model, {}), **settings.dims}
+    # answers are compared row by row: a model with a fixed batch is fed that batch
+    batch = fixed_batch(reference.input_specs()) or BATCH
     rng = np.random.default_rng(settings.seed)
-    pool = [inputs.synthesize(reference.input_specs(), dims, rng, batch=BATCH) for _ in range(POOL)]
+    pool = [inputs.synthesize(reference.input_specs(), dims, rng, batch=batch) for _ in range(POOL)]
     for engine in (reference, reduced):
         engine.warmup(pool[0], settings.profile.warmup_iterations)
     found = agreement(
@@ -110,7 +116,7 @@ def test_precision(
         min_samples=settings.profile.policy.min_samples,
         budget_s=settings.cell_timeout_s / 3,
     )
-    _finish(cell, settings, precision, timed, found, breaches, tolerance)
+    _finish(cell, settings, precision, timed, found, breaches, tolerance, batch)
     assert found["outputs"], "the model returned no outputs"
 
 
@@ -122,6 +128,7 @@ def _finish(
     found: dict[str, Any],
     breaches: list[str],
     tolerance: Any,
+    batch: int,
 ) -> None:
     ref, low = np.asarray(timed.reference), np.asarray(timed.reduced)
     first = next(iter(found["outputs"].values()))
@@ -131,8 +138,8 @@ def _finish(
         "reduced": stats.to_json(stats.summarize(low)),
         "speedup": speedup(timed),
         "throughput": {
-            "reference_items_per_s": BATCH / stats.nearest_rank(ref, 50.0),
-            "reduced_items_per_s": BATCH / stats.nearest_rank(low, 50.0),
+            "reference_items_per_s": batch / stats.nearest_rank(ref, 50.0),
+            "reduced_items_per_s": batch / stats.nearest_rank(low, 50.0),
         },
         "agreement": found | {"first": first},
         "tolerance": {
@@ -141,7 +148,7 @@ def _finish(
         },
         "within_tolerance": not breaches,
         "breaches": breaches,
-        "batch": BATCH,
+        "batch": batch,
     }
     agree_metric = (
         "agreement.first.top1_agreement"
