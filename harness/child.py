@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import psutil
 
-from harness.redact import redact_text, secrets_in
+from harness.redact import known_secrets, redact_text
 
 TAIL_LINES = 100  # a faulthandler dump of a deep stack fits
 KILL_GRACE_S = 3.0
@@ -64,7 +64,7 @@ class Child:
         self.queue: queue.Queue[Event] = queue.Queue()
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._log = log
-        self._secrets = secrets_in(os.environ)
+        self._secrets = known_secrets()
         self._threads = [
             threading.Thread(target=self._read_events, args=(events,), daemon=True),
             threading.Thread(target=self._read_output, daemon=True),

@@ -10,6 +10,7 @@ import enum
 import importlib.util
 import math
 import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -185,6 +186,8 @@ class RunSettings:
     model: Path | None = None
     images: Path | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
+    dynamic_batch: bool = False
+    """Serve ``model`` with its fixed batch dimension rewritten as dynamic (a derived copy)."""
     engine_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     slos: tuple[SLO, ...] = ()
     clients: int = 1
@@ -206,6 +209,7 @@ class RunSettings:
             "model": str(self.model) if self.model else None,
             "images": str(self.images) if self.images else None,
             "dims": dict(self.dims),
+            "dynamic_batch": self.dynamic_batch,
             "engine_options": {k: dict(v) for k, v in self.engine_options.items()},
             "slos": {s.key: s.threshold_s for s in self.slos},
             "gen_requests": self.profile.gen_requests,
@@ -256,6 +260,14 @@ def _profile(name: str, window: float | None, requests: int | None) -> Profile:
     if window is not None:
         if not (math.isfinite(window) and window > 0):
             raise UsageError(f"--window must be a positive number of seconds, got {window}")
+        floor = base.policy.min_window_s
+        if window <= floor:
+            # the measured window ends at the last arrival, before the scheduled end
+            raise UsageError(
+                f"--window {window:g}: the {base.name.value} profile judges a cell valid only"
+                f" over a measured window of at least {floor:g} s, which a window of"
+                f" {window:g} s cannot give; use more than {floor:g} s"
+            )
         base = replace(base, window_s=window)
     if requests is not None:
         if requests < 1:
@@ -306,6 +318,11 @@ def _pairs(values: Sequence[str] | None, option: str) -> dict[str, str]:
         key, sep, val = item.partition("=")
         if not sep or not key.strip() or not val.strip():
             raise UsageError(f"{option} {item!r}: expected KEY=VALUE")
+        if key.strip() in out:
+            raise UsageError(
+                f"{option} {key.strip()} is given twice ({out[key.strip()]!r} and"
+                f" {val.strip()!r}); give it once"
+            )
         out[key.strip()] = val.strip()
     return out
 
@@ -317,6 +334,15 @@ def _dims(values: Sequence[str] | None) -> dict[str, int]:
             raise UsageError(f"--dim {key}={val}: the size must be a positive integer")
         dims[key] = int(val)
     return dims
+
+
+def _dynamic_batch(dynamic_batch: bool, model: str | None) -> bool:
+    if dynamic_batch and model is None:
+        raise UsageError(
+            "--dynamic-batch rewrites the batch dimension of your --model; without --model"
+            " the embedded models already have a dynamic batch"
+        )
+    return dynamic_batch
 
 
 def _engine_options(
@@ -351,6 +377,7 @@ def parse_settings(
     window: float | None = None,
     requests: int | None = None,
     dims: Sequence[str] | None = None,
+    dynamic_batch: bool = False,
     engine_options: Sequence[str] | None = None,
     slo: str | None = None,
     clients: int = 1,
@@ -371,6 +398,7 @@ def parse_settings(
         model=_model(model),
         images=_images(images),
         dims=_dims(dims),
+        dynamic_batch=_dynamic_batch(dynamic_batch, model),
         engine_options=_engine_options(engine_options, names),
         slos=_slos(slo),
         clients=_clients(clients, names),
@@ -495,6 +523,27 @@ def _pythons(values: Sequence[str]) -> dict[str, Path]:
             )
         out[engine.strip()] = Path(path.strip())
     return out
+
+
+def check_writable_dir(path: Path, option: str) -> None:
+    """Prove, before anything is measured, that files can be written in ``path`` (or, if
+    it does not exist yet, in its nearest existing parent, where it will be created): a
+    run that cannot store its records would lose every cell."""
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "is a file" if probe == path.absolute() else f"is under the file {probe}"
+        raise UsageError(f"{option} {str(path)!r} {what}; give a directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe, prefix=".harness-probe-"):
+            pass
+    except OSError as exc:
+        where = "" if probe == path.absolute() else f" (in {probe}, where it would be created)"
+        raise UsageError(
+            f"{option} {str(path)!r}: cannot write files there{where}:"
+            f" {exc.strerror or exc}; give a directory this user can write to"
+        ) from None
 
 
 def _resume_dir(resume: str | None) -> Path | None:

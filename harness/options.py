@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import inspect
+import itertools
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from harness import redact
 from harness.config import (
     ProfileName,
     RunSettings,
@@ -60,6 +65,13 @@ def add_options(parser: pytest.Parser) -> None:
         help="size for a named dynamic dimension of a --model's inputs",
     )
     group.addoption(
+        "--dynamic-batch",
+        action="store_true",
+        default=False,
+        help="serve --model with its fixed batch dimension rewritten as dynamic, in a cached"
+        " copy (your file is untouched); recorded in every record",
+    )
+    group.addoption(
         "--slo",
         metavar="METRIC_pNN=DURATION[,...]",
         help="SLOs for goodput and verdicts, e.g. ttft_p99=200ms,tpot_p99=50ms",
@@ -87,6 +99,80 @@ def add_options(parser: pytest.Parser) -> None:
         " (default: local)",
     )
     _add_reliability_options(parser)
+    VALUE_OPTIONS.update(
+        name
+        for arg in group.options
+        if arg.attrs().get("action", "store") in ("store", "append")
+        for name in arg.names()
+    )
+
+
+VALUE_OPTIONS: set[str] = set()
+"""The harness's options that take a value (filled by ``add_options``)."""
+
+
+def check_rootdir(config: pytest.Config) -> None:
+    """Refuse a session whose rootdir pytest took from a harness option's value.
+
+    pytest chooses the rootdir and config file from the command line's paths before any
+    plugin has added its options, so in ``--results-dir /elsewhere`` it reads
+    ``/elsewhere`` as a test path: the session is rooted outside the project, loses its
+    configuration (``testpaths``) and collects the project's own tests as well. The
+    ``--option=value`` form is never read that way.
+    """
+    args = config.invocation_params.args
+    if any(a.startswith(("--rootdir", "-c", "--config-file", "--inifile")) for a in args):
+        return  # the user chose where the session is rooted
+    here = config.invocation_params.dir
+    culprits = [
+        (name, value)
+        for name, value in itertools.pairwise(args)
+        if name in VALUE_OPTIONS and _names_a_path(here, value)
+    ]
+    if not culprits:
+        return
+    intended = _rootdir_without_options(config)
+    moved = config.rootpath != intended if intended is not None else config.inipath is None
+    if moved:
+        fixed = " ".join(f"{name}={value}" for name, value in culprits)
+        raise pytest.UsageError(
+            "pytest read "
+            + ", ".join(f"{value!r} (the value of {name})" for name, value in culprits)
+            + " as a test path before the harness's options existed, and so rooted the"
+            f" session at {config.rootpath}"
+            + (f" instead of {intended}" if intended is not None else "")
+            + f"; write {fixed}"
+        )
+
+
+def _names_a_path(here: Path, arg: str) -> bool:
+    try:
+        return (here / arg.split("::", maxsplit=1)[0]).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _rootdir_without_options(config: pytest.Config) -> Path | None:
+    """The rootdir pytest would choose from the command line's real paths alone, asked of
+    pytest's own (private, version-dependent) function; None where it cannot be asked."""
+    try:
+        from _pytest.config.findpaths import determine_setup  # noqa: PLC0415
+    except ImportError:
+        return None
+    wanted: dict[str, Any] = {
+        "inifile": None,
+        "override_ini": config.option.override_ini,
+        "args": list(config.option.file_or_dir or ()),
+        "rootdir_cmd_arg": None,
+        "invocation_dir": config.invocation_params.dir,
+    }
+    try:
+        params = inspect.signature(determine_setup).parameters
+        result = determine_setup(**{k: v for k, v in wanted.items() if k in params})
+    except Exception:  # any change of that private API: fall back to the heuristic
+        return None
+    root = result[0]
+    return root if isinstance(root, Path) else None
 
 
 def _add_reliability_options(parser: pytest.Parser) -> None:
@@ -188,8 +274,14 @@ def _add_dist_options(group: pytest.OptionGroup) -> None:
 
 
 def settings_from(config: pytest.Config) -> RunSettings:
-    """Every option validated once; a bad value is a usage error, never a traceback."""
+    """Every option validated once; a bad value is a usage error, never a traceback.
+
+    Secrets in engine options are remembered first, so that no message, record, log or
+    report line shows them, even one about a malformed option."""
     opt = config.getoption
+    for item in opt("engine_opt") or ():
+        key, _, value = item.partition("=")
+        redact.remember(redact.secrets_in_value(key, value))
     try:
         reliability = parse_reliability(
             isolation=opt("isolation"),
@@ -211,6 +303,7 @@ def settings_from(config: pytest.Config) -> RunSettings:
             window=opt("window"),
             requests=opt("requests"),
             dims=opt("dim"),
+            dynamic_batch=opt("dynamic_batch"),
             engine_options=opt("engine_opt"),
             slo=opt("slo"),
             clients=opt("clients"),

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -18,37 +19,58 @@ import pytest
 
 from harness import benchbridge, raydist, registry, report, store
 from harness.cell import Cell
-from harness.config import Dist, Isolation, RunSettings, UsageError
+from harness.config import Dist, Isolation, RunSettings, UsageError, check_writable_dir
 from harness.engine import Engine, EngineConfig, EngineError, is_fatal
 from harness.isolation import Supervisor, groups
-from harness.options import add_options, settings_from
+from harness.options import add_options, check_rootdir, settings_from
+from harness.outcome import RunExit, missing_cells, run_exit
 from harness.pool import EnginePool, NewEngineInstance
-from harness.records import Manifest, Status
+from harness.records import Manifest, RecordError, Status
+from harness.redact import redact_text
 from harness.run import (
     ENGINE_ARG,
     RunState,
     check_resumable,
     engine_of,
     is_cell,
+    lock_run,
     planned_cell,
     read_run,
     resume_run,
     start_run,
 )
+from harness.runlock import RunLock
 from harness.telemetry import Telemetry
-from harness.worker import EventSink, WorkerSession, WorkerSpec, become_worker
+from harness.worker import (
+    EventSink,
+    WorkerSession,
+    WorkerSpec,
+    become_worker,
+    collect_paths,
+)
 
 SETTINGS = pytest.StashKey[RunSettings]()
 RUN = pytest.StashKey[RunState]()
 CELL = pytest.StashKey[Cell]()
 WORKER = pytest.StashKey[tuple[WorkerSpec, EventSink]]()
-RESUME = pytest.StashKey[tuple[Path, Manifest, dict[str, Status]]]()
+RESUME = pytest.StashKey["Resume"]()
 RESTORE_SIGTERM = pytest.StashKey[Any]()
 SHARED = pytest.StashKey["Shared"]()
 RECORDED = pytest.StashKey[bool]()
 TELEMETRY = pytest.StashKey[Telemetry]()
 
 NO_RESULT = "the workload ended without reporting a result (Cell.finish was never called)"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A ``--resume`` checked at configuration: its directory (locked), manifest and the
+    latest status of each cell."""
+
+    run_dir: Path
+    manifest: Manifest
+    latest: dict[str, Status]
+    lock: RunLock
 
 
 class Shared:
@@ -80,6 +102,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires(**capabilities): engine capabilities a cell needs")
+    try:
+        _configure(config)
+    except pytest.UsageError as exc:  # it echoes option values: a URL with a password too
+        raise pytest.UsageError(redact_text(str(exc))) from None
+
+
+def _configure(config: pytest.Config) -> None:
+    if not config.getoption("harness_worker"):
+        check_rootdir(config)
     settings = settings_from(config)
     config.stash[SETTINGS] = settings
     spec_path = config.getoption("harness_worker")
@@ -93,16 +124,30 @@ def pytest_configure(config: pytest.Config) -> None:
             benchbridge.make_inert(config)  # only the controller writes benchmark files
         return
     resume = settings.reliability.resume
-    if resume is not None:
-        try:
-            manifest, latest = read_run(resume)
-            check_resumable(manifest, settings)
-        except UsageError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        config.stash[RESUME] = (resume, manifest, latest)
+    try:
+        if not config.option.collectonly:
+            check_writable_dir(
+                resume or settings.results_dir, "--resume" if resume else "--results-dir"
+            )
+        if resume is not None:
+            config.stash[RESUME] = _resumable(resume, settings)
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config.stash[RESTORE_SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
     if benchbridge.active(config):
         benchbridge.register(config, lambda: config.stash.get(RUN, None))
+
+
+def _resumable(run_dir: Path, settings: RunSettings) -> Resume:
+    """Own the run directory, then check that this session would measure what it did."""
+    lock = lock_run(run_dir)
+    try:
+        manifest, latest = read_run(run_dir)
+        check_resumable(manifest, settings)
+    except BaseException:
+        lock.release()
+        raise
+    return Resume(run_dir, manifest, latest, lock)
 
 
 class Terminated(KeyboardInterrupt):
@@ -129,6 +174,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(ENGINE_ARG, engines, ids=list(engines))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: pytest.Session) -> bool | None:
+    """A Ray node's run of one cell collects that cell's file only (see worker.collect_paths)."""
+    only = session.config.getoption("harness_only")
+    if not only or WORKER in session.config.stash:
+        return None
+    collect_paths(session, [session.config.rootpath / only.split("::")[0]])
+    return True
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group cells by engine, in ``--engine`` order, so each engine starts once and runs
     alone (a server or engine of the next one is not yet up and polling). Resuming, keep
@@ -141,7 +196,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [i for i in items if i.nodeid == only]
     resume = config.stash.get(RESUME, None)
     if resume is not None:
-        _select_for_resume(config, items, resume[1], resume[2])
+        _select_for_resume(config, items, resume.manifest, resume.latest)
 
 
 def _select_for_resume(
@@ -175,12 +230,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         state = RunState(spec.run_dir, manifest, settings, {c.nodeid: c for c in manifest.planned})
         state.sink = sink
     elif resume is not None:
-        state = resume_run(resume[0], settings, resume[1], resume[2])
+        state = resume_run(resume.run_dir, settings, resume.manifest, resume.latest, resume.lock)
         collected = {c.nodeid for c in cells}
         state.missing = [
             c.cell_id
-            for c in resume[1].planned
-            if resume[2].get(c.cell_id) is not Status.OK and c.nodeid not in collected
+            for c in resume.manifest.planned
+            if resume.latest.get(c.cell_id) is not Status.OK and c.nodeid not in collected
         ]
     elif cells:
         state = start_run(settings, [planned_cell(item) for item in cells])
@@ -412,6 +467,30 @@ def _why(rep: pytest.TestReport) -> str:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Before any reporter sees it (the terminal, a worker's pipe, junitxml): every
+    report's text goes through the masking that results files go through."""
+    _redact_report(report)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _redact_report(report)
+
+
+def _redact_report(report: pytest.TestReport | pytest.CollectReport) -> None:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # a skip: (path, line, reason)
+        report.longrepr = (longrepr[0], longrepr[1], redact_text(str(longrepr[2])))
+    elif longrepr is not None:
+        text = report.longreprtext
+        clean = redact_text(text)
+        if clean != text:  # keep pytest's structured form where there is nothing to hide
+            report.longrepr = clean
+    report.sections = [(title, redact_text(body)) for title, body in report.sections]
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> bool | None:
     """Under process isolation, the controller hands each engine's cells to a worker."""
     config = session.config
@@ -425,7 +504,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     if settings.dist.mode is Dist.RAY:
         raydist.run(session, state, settings)
         if state.fatal_error:
-            pytest.exit(state.fatal_error, returncode=pytest.ExitCode.INTERRUPTED)
+            pytest.exit(redact_text(state.fatal_error), returncode=pytest.ExitCode.INTERRUPTED)
         return True
     supervisor = Supervisor(
         session,
@@ -446,7 +525,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     finally:
         supervisor.close()
     if state.fatal_error:
-        pytest.exit(state.fatal_error, returncode=pytest.ExitCode.INTERRUPTED)
+        pytest.exit(redact_text(state.fatal_error), returncode=pytest.ExitCode.INTERRUPTED)
     return True
 
 
@@ -472,10 +551,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     try:
         store.write_manifest(state.run_dir, state.finish(interrupted))
         report.write(state.run_dir)
-    except store.StorageError as exc:
+    except (OSError, RecordError) as exc:  # a full disk; a record damaged since it was written
         state.fatal_error = state.fatal_error or str(exc)
-    if (state.incidents or state.fatal_error) and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    finally:
+        if state.lock is not None:
+            state.lock.release()
+    session.exitstatus = run_exit(
+        session.exitstatus,
+        [c.cell_id for c in state.manifest.planned],
+        state.written,
+        trouble=bool(state.incidents or state.fatal_error),
+    )
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -492,14 +578,39 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write(md.read_text())
     terminalreporter.write_line(f"cells: {tally}")
     for text in state.incidents:
-        terminalreporter.write_line(f"INCIDENT: {text}", red=True)
+        terminalreporter.write_line(redact_text(f"INCIDENT: {text}"), red=True)
     if state.missing:
         terminalreporter.write_line(
             "resume: planned cells not collected this time: " + ", ".join(state.missing)
         )
     if state.fatal_error:
-        terminalreporter.write_line(f"RUN STOPPED: {state.fatal_error}", red=True)
+        terminalreporter.write_line(redact_text(f"RUN STOPPED: {state.fatal_error}"), red=True)
     terminalreporter.write_line(f"run directory: {state.run_dir}")
+    _explain_exit(terminalreporter, state)
+
+
+def _explain_exit(terminalreporter: Any, state: RunState) -> None:
+    """Say why a run that pytest would call passed exits non-zero."""
+    planned = [c.cell_id for c in state.manifest.planned]
+    missing = missing_cells(planned, state.written)
+    invalid = sorted(c for c, s in state.written.items() if s is Status.INVALID)
+    if missing and not state.missing:  # resume already listed the ones not collected
+        terminalreporter.write_line(
+            f"INCOMPLETE: {len(missing)} planned cell(s) have no record: " + ", ".join(missing),
+            red=True,
+        )
+    if missing:
+        terminalreporter.write_line(
+            f"exit status {int(RunExit.INCOMPLETE)} unless a worse one applies; finish the run"
+            f" with --resume {state.run_dir}",
+            red=True,
+        )
+    if invalid:
+        terminalreporter.write_line(
+            f"INVALID: {len(invalid)} cell(s) measured outside the profile's bounds (exit status"
+            f" {int(RunExit.INVALID)} unless a worse one applies): " + ", ".join(invalid),
+            yellow=True,
+        )
 
 
 __all__ = ["OpenEngine", "RunSettings", "settings_of"]

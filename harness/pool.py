@@ -41,11 +41,12 @@ class EnginePool:
             errors = self.close_all(keep_failures=True)
             if errors:
                 raise EngineError("closing the previous shared engine failed: " + "; ".join(errors))
+            self._this_cell.add(key)
             try:
                 self._engines[key] = make()
             except EngineError as exc:
                 self._engines[key] = exc
-            self._this_cell.add(key)
+                raise  # this cell's own failure, in the engine's words
         found = self._engines[key]
         if isinstance(found, EngineError):
             raise EngineError(f"engine failed to load for an earlier cell: {found}")

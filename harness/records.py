@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from harness.redact import redact
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
 
@@ -192,6 +192,9 @@ class Manifest(_Frozen):
     """How many sessions have worked on this run: 1, plus one per ``--resume``."""
     incidents: tuple[str, ...] = ()
     """Failures outside any cell (an engine crashing while it closed, a full disk)."""
+    provenance: dict[str, Any] = {}
+    """What the run measured beyond its options (harness.provenance): the content of the
+    user's model and images, engine packages, hardware, code; ``--resume`` checks it."""
 
     _ids = field_validator("run_id")(check_id)
 
@@ -227,12 +230,18 @@ def _v4_to_v5(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 5}
 
 
+def _v5_to_v6(data: dict[str, Any]) -> dict[str, Any]:
+    """v6 added manifest ``provenance``; a v5 run recorded none (records are unchanged)."""
+    return {**data, "schema_version": 6}
+
+
 # schema_version -> function turning a dict of that version into the next version.
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
     3: _v3_to_v4,
     4: _v4_to_v5,
+    5: _v5_to_v6,
 }
 
 

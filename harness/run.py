@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from harness import store
+from harness import provenance, runlock, runread, store
 from harness.cell import Cell, make_cell_id
-from harness.config import RunSettings, UsageError
+from harness.config import Dist, RunSettings, UsageError
 from harness.environment import fingerprint
 from harness.records import CellRecord, Manifest, ParamValue, PlannedCell, RecordError, Status
+from harness.redact import redact_text
 from harness.worker import EventSink
 
 ENGINE_ARG = "engine_name"
@@ -71,6 +72,8 @@ class RunState:
     fatal_error: str | None = None
     sink: EventSink | None = None
     missing: list[str] = field(default_factory=list)
+    lock: runlock.RunLock | None = None
+    """The controller's hold on the run directory (harness.runlock); workers have none."""
 
     @property
     def attempt(self) -> int:
@@ -99,7 +102,8 @@ class RunState:
                 f"{exc}. Finished records are kept; free space, then finish the run"
                 f" with --resume {self.run_dir}"
             )
-            pytest.exit(self.fatal_error or str(exc), returncode=pytest.ExitCode.INTERRUPTED)
+            stop = redact_text(self.fatal_error or str(exc))
+            pytest.exit(stop, returncode=pytest.ExitCode.INTERRUPTED)
         self.note(record.cell_id, record.status)
         if self.sink is not None:
             self.sink.send("record", cell_id=record.cell_id, status=record.status.value)
@@ -166,54 +170,115 @@ def _unique_ids(cells: Sequence[PlannedCell]) -> None:
         seen[c.cell_id] = c.nodeid
 
 
+def measured_inputs(settings: RunSettings) -> dict[str, Any]:
+    return provenance.collect(
+        model=settings.model, images=settings.images, environment=fingerprint()
+    )
+
+
 def start_run(settings: RunSettings, cells: Sequence[PlannedCell]) -> RunState:
     _unique_ids(cells)
     run_dir = store.new_run_dir(settings.results_dir)
+    created = store.utcnow()
+    lock = runlock.acquire(run_dir, created)  # a fresh directory: nobody else has it
     manifest = Manifest(
         run_id=run_dir.name,
         state="running",
-        created_at=store.utcnow(),
+        created_at=created,
         command=tuple(sys.argv),
         settings=settings.to_json(),
         environment=fingerprint(),
         planned=tuple(cells),
+        provenance=measured_inputs(settings),
     )
     store.write_manifest(run_dir, manifest)
-    return RunState(run_dir, manifest, settings, {c.nodeid: c for c in cells})
+    return RunState(run_dir, manifest, settings, {c.nodeid: c for c in cells}, lock=lock)
 
 
 def read_run(run_dir: Path) -> tuple[Manifest, dict[str, Status]]:
-    """A run's manifest and the latest status of each cell; a bad file is a usage error."""
+    """A run's manifest and the latest status of each cell; a bad, planted or foreign file
+    is a usage error (resuming would build on it)."""
     try:
-        manifest = store.read_manifest(run_dir)
+        contents = runread.read_run_dir(run_dir)
+        manifest = contents.manifest
         if manifest.run_id != run_dir.name:
             raise RecordError(f"{run_dir}: manifest names run {manifest.run_id!r}")
-        latest = {r.cell_id: r.status for r in store.read_records(run_dir)}
+    except runread.DamagedRunError as exc:
+        listed = "".join(f"\n  {d}" for d in exc.damaged)
+        raise UsageError(
+            f"--resume {run_dir}: damaged results files would be built on:{listed}\n"
+            "move them out of cells/ (or start a new run), then resume"
+        ) from None
     except (RecordError, OSError) as exc:
         raise UsageError(f"--resume {run_dir}: {exc}") from None
-    return manifest, latest
+    return manifest, {r.cell_id: r.status for r in contents.records}
 
 
-SETTINGS_ADDED_LATER: dict[str, object] = {"clients": 1, "clients_on": "local"}
+SETTINGS_ADDED_LATER: dict[str, object] = {
+    "clients": 1,
+    "clients_on": "local",
+    "dynamic_batch": False,
+}
 """Settings newer than some run directories, with the value older runs measured with."""
 
 
 def check_resumable(manifest: Manifest, settings: RunSettings) -> None:
-    """A resumed run must measure the way the original did, or its matrix would mix two."""
+    """A resumed run must measure what the original did, the way it did, or its matrix
+    would mix two measurements: the same options, and the same model and image content,
+    engine packages, machine and code behind them."""
+    options = _changed_options(manifest, settings)
+    inputs = provenance.differences(
+        _provenance_of(manifest),
+        measured_inputs(settings),
+        same_machine=settings.dist.mode is Dist.LOCAL and _ran_here(manifest),
+    )
+    if options or inputs:
+        listing = "".join(f"\n  - {line}" for line in (*options, *inputs))
+        raise UsageError(
+            f"--resume {manifest.run_id}: this session would not measure what the run did;"
+            f" it differs in:{listing}\nResume with the same options and inputs, or start a"
+            " new run"
+        )
+
+
+def _changed_options(manifest: Manifest, settings: RunSettings) -> list[str]:
     skip = ("results_dir", "dist")  # where results land and where cells run may change
     before = SETTINGS_ADDED_LATER | {k: v for k, v in manifest.settings.items() if k not in skip}
     now = settings.measurement()
     changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-    if changed:
-        detail = "; ".join(f"{k}: was {before.get(k)!r}, now {now.get(k)!r}" for k in changed)
-        raise UsageError(
-            f"--resume {manifest.run_id}: options differ from the original run ({detail});"
-            " pass the same --engine/--profile/--seed/... options"
-        )
+    return [f"option {k}: was {before.get(k)!r}, now {now.get(k)!r}" for k in changed]
+
+
+def _provenance_of(manifest: Manifest) -> dict[str, Any]:
+    """The run's recorded inputs; a run from before they were recorded is checked on what
+    its fingerprint holds (packages, hardware, code), its files cannot be."""
+    if manifest.provenance:
+        return manifest.provenance
+    return provenance.collect(model=None, images=None, environment=manifest.environment)
+
+
+def _ran_here(manifest: Manifest) -> bool:
+    """Cells of a --dist=ray run were measured on the cluster's nodes, not the driver."""
+    dist = manifest.settings.get("dist")
+    return not isinstance(dist, dict) or dist.get("mode", "local") == "local"
+
+
+def lock_run(run_dir: Path) -> runlock.RunLock:
+    """The resumed run's directory, for this session alone (before its manifest is read)."""
+    try:
+        return runlock.acquire(run_dir, store.utcnow())
+    except runlock.RunLocked as exc:
+        raise UsageError(f"--resume: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--resume {run_dir}: cannot lock it: {exc.strerror or exc}") from None
 
 
 def resume_run(
-    run_dir: Path, settings: RunSettings, manifest: Manifest, latest: dict[str, Status]
+    run_dir: Path,
+    settings: RunSettings,
+    manifest: Manifest,
+    latest: dict[str, Status],
+    lock: runlock.RunLock,
 ) -> RunState:
     for stale in (run_dir / store.CELLS).glob(".tmp-*"):
         stale.unlink()  # a writer killed before its link: never a record, only litter
@@ -221,4 +286,4 @@ def resume_run(
     resumed = Manifest.model_validate(resumed.model_dump())
     store.write_manifest(run_dir, resumed)
     planned = {c.nodeid: c for c in resumed.planned}
-    return RunState(run_dir, resumed, settings, planned, written=dict(latest))
+    return RunState(run_dir, resumed, settings, planned, written=dict(latest), lock=lock)

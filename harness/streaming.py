@@ -115,22 +115,46 @@ class SLO:
 
 
 def parse_slos(text: str) -> tuple[SLO, ...]:
-    """``"ttft_p99=200ms,tpot_p99=50ms"`` -> SLOs (units: s, ms, us; bare numbers are s)."""
-    slos = []
+    """``"ttft_p99=200ms,tpot_p99=50ms"`` -> SLOs (units: s, ms, us; bare numbers are s).
+
+    Every flaw is a ``ValueError`` that names the item: a metric given twice is one (which
+    of two thresholds was meant cannot be guessed)."""
+    slos: dict[str, SLO] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = item.partition("=")
-        metric, _, pct = key.strip().rpartition("_p")
-        if not sep or not metric or not pct:
-            raise ValueError(f"SLO {item!r}: expected METRIC_pNN=DURATION, e.g. ttft_p99=200ms")
-        slos.append(SLO(metric, float(pct), _duration(value.strip())))
-    return tuple(slos)
+        slo = _slo(item)
+        if slo.key in slos:
+            raise ValueError(f"{slo.key} is given twice; give each metric and percentile once")
+        slos[slo.key] = slo
+    return tuple(slos.values())
+
+
+def _slo(item: str) -> SLO:
+    key, sep, value = item.partition("=")
+    metric, _, pct = key.strip().rpartition("_p")
+    if not sep or not metric or not pct:
+        raise ValueError(f"SLO {item!r}: expected METRIC_pNN=DURATION, e.g. ttft_p99=200ms")
+    try:
+        percentile = float(pct)
+    except ValueError:
+        raise ValueError(f"SLO {item!r}: p{pct} is not a percentile; e.g. p99 or p99.9") from None
+    try:
+        return SLO(metric.strip(), percentile, _duration(value.strip()))
+    except ValueError as exc:
+        raise ValueError(f"SLO {item!r}: {exc}") from None
 
 
 def _duration(text: str) -> float:
-    for suffix, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
+    number, scale = text, 1.0
+    for suffix, factor in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
         if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * scale
-    return float(text)
+            number, scale = text[: -len(suffix)], factor
+            break
+    try:
+        return float(number) * scale
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a duration; give a number with s, ms or us, e.g. 200ms"
+        ) from None
 
 
 def meets(rec: RequestRecord, slos: Sequence[SLO]) -> bool:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from harness import records, store
 from harness.benchbridge import benchmark_of
 from harness.cell import Cell
+from harness.outcome import RunExit
 from harness.records import CellRecord, Headline, Status
 from harness.validity import Evidence, Policy
 from tests.records_factory import record
@@ -136,7 +137,7 @@ def test_json_save_compare_and_compare_fail(pytester, isolation):
     assert "benchmark 'single': 2 tests" in table
     assert "\ntest_single[null-120] (0001_unversi) " in table
     assert "\ntest_single[null-120] (NOW) " in table
-    assert second.ret == pytest.ExitCode.OK
+    assert second.ret == RunExit.INVALID  # the requests=5 cell is invalid on purpose
     assert "benchmark" not in worker_logs(run_dir).lower()
 
     make_baseline_faster(storage)
@@ -265,7 +266,7 @@ def test_schema_4_records_migrate_to_5_without_single_stream():
     old["schema_version"] = 4
     back = records.parse(CellRecord, json.dumps(old).encode(), "v4.json")
     assert (back.schema_version, back.single_stream) == (records.SCHEMA_VERSION, None)
-    assert records.SCHEMA_VERSION == 5
+    assert records.SCHEMA_VERSION >= 5
 
 
 @pytest.mark.skipif(

@@ -1,4 +1,5 @@
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,9 @@ def test_engines_split_on_commas_and_deduplicate():
 
 
 def test_overrides_replace_profile_windows():
-    s = settings(profile="full", window=2.5, requests=10)
+    s = settings(profile="full", window=45, requests=10)
     assert s.profile.name is ProfileName.FULL
-    assert (s.profile.window_s, s.profile.requests) == (2.5, 10)
+    assert (s.profile.window_s, s.profile.requests) == (45, 10)
     assert s.profile.policy == PROFILES[ProfileName.FULL].policy
 
 
@@ -133,3 +134,42 @@ def test_ray_address_without_dist_ray_only_for_clients_on_ray(monkeypatch):
     )
     with pytest.raises(UsageError, match=r"--clients-on=ray needs Ray: pip install"):
         parse_dist(**args, address="h:1", isolation="process", clients_on="ray")
+
+
+@pytest.mark.parametrize(
+    ("profile", "window", "floor"), [("quick", 1.0, "1"), ("quick", 0.5, "1"), ("full", 30, "30")]
+)
+def test_a_window_no_cell_can_be_valid_in_is_refused(profile, window, floor):
+    """At or below the profile's minimum measured window every windowed cell is invalid:
+    such a run measured nothing usable and exited 0."""
+    with pytest.raises(UsageError, match=rf"measured window of at least {floor} s"):
+        settings(profile=profile, window=window)
+    assert settings(profile=profile, window=float(floor) * 1.2).profile.window_s > float(floor)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"slo": "ttft_p99=abc"}, "'abc' is not a duration; give a number with s, ms or us"),
+        ({"slo": "e2e_p99=1s,e2e_p99=2s"}, "e2e_p99 is given twice"),
+        ({"slo": "e2e_pabc=1s"}, "pabc is not a percentile"),
+        ({"slo": "e2e_p99=1s,e2e_p99.9=2s"}, None),
+        (
+            {
+                "engine_options": [
+                    "onnxruntime.intra_op_threads=1",
+                    "onnxruntime.intra_op_threads=2",
+                ]
+            },
+            "--engine-opt onnxruntime.intra_op_threads is given twice ('1' and '2')",
+        ),
+        ({"dims": ["sequence=8", "sequence=16"]}, "--dim sequence is given twice"),
+    ],
+)
+def test_ambiguous_or_malformed_values_are_usage_errors(kw, message):
+    """Last-one-wins hid a mistake; a Python conversion error told nothing."""
+    if message is None:
+        assert len(settings(**kw).slos) == 2
+        return
+    with pytest.raises(UsageError, match=re.escape(message)):
+        settings(**kw)

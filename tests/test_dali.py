@@ -100,7 +100,7 @@ def test_the_workload_runs_dali_cpu_cells_ok(tmp_path: Path):
     result = run_workloads(
         tmp_path,
         "--engine=onnxruntime",
-        "--window=1.0",
+        "--window=1.2",
         f"--images={write_small_corpus(tmp_path / 'images')}",
         "-k",
         "test_preprocessing.py and dali",

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import subprocess
+import sys
 
 import pytest
 
+from harness.outcome import RunExit
 from harness.records import Status
 from tests.fault_server import Plan, fault_server
 from tests.runner import run_workloads
@@ -71,7 +75,8 @@ def test_every_injected_http_fault_is_a_counted_failure(tmp_path, model):
     assert rec.metric("e2e.adjusted.p99") == math.inf
     assert rec.metric("e2e.count") == REQUESTS - injected
     assert rec.metrics["requests"]["met_slo"] == REQUESTS - injected
-    assert run.returncode == 0  # an invalid cell is a verdict, not a failed run
+    # an invalid cell is a verdict, not a failed run; the run says so with its own status
+    assert run.returncode == RunExit.INVALID, run.stdout[-3000:]
 
 
 def test_a_slow_first_byte_is_latency_not_failure(tmp_path, model):
@@ -83,3 +88,60 @@ def test_a_slow_first_byte_is_latency_not_failure(tmp_path, model):
     assert rec.metric("ttft.p50") < 0.25
     slow = [t for t in rec.samples["ttft"] if t >= 0.25]
     assert len(slow) == plan.tally["slow"]
+
+
+def test_a_server_that_is_not_there_is_named_in_the_first_cell(tmp_path, model):
+    """The first cell carries the real reason; the later ones refer back to it."""
+    with socket.socket() as probe:  # a loopback port that nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    run = run_workloads(
+        tmp_path,
+        "--engine=openai",
+        f"--engine-opt=openai.base_url={url}",
+        f"--model={model}",
+        "-k",
+        "test_streaming",
+    )
+    first = run.records["streaming.openai.load=closed.level=1"]
+    assert first.status is Status.FAILED
+    assert f"OpenAI endpoint {url} not usable" in first.reasons[0]
+    assert "Connection refused" in first.reasons[0]
+    assert "earlier cell" not in first.reasons[0]
+    later = run.records["streaming.openai.load=closed.level=4"]
+    assert "engine failed to load for an earlier cell: OpenAI endpoint" in later.reasons[0]
+
+
+PASSWORD = "pw-never-shown-4711"
+
+
+def test_credentials_in_the_server_url_appear_nowhere(tmp_path, model):
+    """Not in the manifest, records, worker log, matrix, HTML report or on the terminal."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = f"http://admin:{PASSWORD}@127.0.0.1:{port}/?api_key=Qk3y"
+    run = run_workloads(
+        tmp_path,
+        "--engine=openai",
+        f"--engine-opt=openai.base_url={base}",
+        f"--model={model}",
+        "-k",
+        "test_streaming and closed",
+    )
+    [first, _] = sorted(run.records.values(), key=lambda r: r.cell_id)
+    assert "Connection refused" in first.reasons[0]
+    assert "http://[REDACTED]@127.0.0.1" in first.reasons[0]
+    report = subprocess.run(
+        [sys.executable, "-m", "harness", "report", str(run.run_dir), "--html"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert (run.run_dir / "report.html").is_file()
+    written = [p for p in run.run_dir.rglob("*") if p.is_file()]
+    assert {"manifest.json", "matrix.md", "matrix.csv", "report.html"} <= {p.name for p in written}
+    assert any(p.suffix == ".log" for p in written)
+    for text in [*(p.read_text(errors="replace") for p in written), run.stdout, report.stdout]:
+        assert PASSWORD not in text
+        assert "api_key=Qk3y" not in text

@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from harness import store
+from harness.outcome import RunExit
 from harness.records import Status
 from tests.isolated import (
     env,
@@ -188,7 +189,9 @@ def test_each_shared_engine_instance_gets_a_fresh_process(tmp_path):
     assert records["gen.faulty-gen.fault=none-again"].status is Status.OK
     assert len(list((run_dir / "logs").glob("*.log"))) == 3
     assert store.read_manifest(run_dir).incidents == ()
-    assert proc.returncode == 0, proc.stdout[-2000:]
+    # raise_mid_stream is invalid on purpose (10 % failed requests): exit 10, not 0
+    assert records["gen.faulty-gen.fault=raise_mid_stream"].status is Status.INVALID
+    assert proc.returncode == RunExit.INVALID, proc.stdout[-2000:]
 
 
 def test_restarts_are_capped(pytester):
@@ -336,6 +339,8 @@ def test_secrets_never_reach_results_and_engine_text_is_escaped(tmp_path):
     md = (run_dir / "matrix.md").read_text()
     assert "<script>" not in md
     assert "&lt;script&gt;alert(1)&lt;/script&gt; \\| pipe" in md
+    assert SECRET not in proc.stdout + proc.stderr  # the replayed failure, the summary
+    assert "[REDACTED]" in proc.stdout
     assert proc.returncode == pytest.ExitCode.TESTS_FAILED
 
 
@@ -357,7 +362,7 @@ def test_a_full_disk_stops_the_run_loudly_and_keeps_what_was_written(tmp_path):
     write_project(tmp_path, [f"none+{i}" for i in range(24)])
     disk, saved = tmp_path / "disk", tmp_path / "saved"
     disk.mkdir()
-    command = " ".join(pytest_argv("--engine=faulty", f"--results-dir={disk}", "--window=1.05"))
+    command = " ".join(pytest_argv("--engine=faulty", f"--results-dir={disk}", "--window=1.1"))
     script = (
         f"mount -t tmpfs -o size=48k tmpfs {disk} && {{ {command}; echo rc=$?; }};"
         f" cp -r {disk} {saved}"

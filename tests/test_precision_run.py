@@ -17,7 +17,7 @@ def records(tmp_path_factory: pytest.TempPathFactory):
     result = run_workloads(
         tmp_path_factory.mktemp("precision"),
         "--engine=onnxruntime",
-        "--window=1.0",
+        "--window=1.2",
         "-k",
         "test_precision.py",
     )

@@ -40,7 +40,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, CellR
         tmp,
         "--engine=onnxruntime",
         "--profile=quick",
-        "--window=1.0",
+        "--window=1.2",
         f"--images={folder}",
         "-k",
         "test_preprocessing.py",

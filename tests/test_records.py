@@ -80,6 +80,6 @@ def test_schema_3_records_migrate_to_4_without_slow_requests():
     old.pop("slow_requests")
     old["schema_version"] = 3
     back = records.parse(CellRecord, json.dumps(old).encode(), "v3.json")
-    assert back.schema_version == records.SCHEMA_VERSION == 5
+    assert back.schema_version == records.SCHEMA_VERSION
     assert back.slow_requests == ()
     assert all(h.ci is None for h in back.headline)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from harness import records, report, store
+from harness import redact as redact_module
 from harness.cell import make_cell_id
 from harness.child import describe_exit
 from harness.config import UsageError, parse_size
@@ -110,3 +111,44 @@ def test_exit_statuses_read_as_words():
     assert describe_exit(-11) == "killed by SIGSEGV"
     assert "out-of-memory killer" in describe_exit(-9)
     assert describe_exit(17) == "exit code 17"
+
+
+def test_url_credentials_are_masked_without_knowing_them():
+    text = "endpoint http://admin:hunter2pw@127.0.0.1:9/v1?x=1&api_key=Q&token=t not usable"
+    out = redact_text(text, ())
+    assert "hunter2pw" not in out
+    assert "admin" not in out
+    assert "api_key=Q" not in out
+    assert out == (
+        f"endpoint http://{MASK}@127.0.0.1:9/v1?x=1&api_key={MASK}&token={MASK} not usable"
+    )
+
+
+def test_secrets_in_option_values_are_remembered(monkeypatch):
+    """A URL password also appears decoded, alone, in an engine's message: once the
+    option has been seen, the value itself is a secret everywhere."""
+    monkeypatch.setattr(redact_module, "_remembered", set())
+    redact_module.remember_options(
+        {"openai": {"base_url": "http://u:p%40ss-word9@h:1/?api_key=zzzzzz", "model": "m"}},
+    )
+    redact_module.remember(redact_module.secrets_in_value("api_key", "sk-plain-value"))
+    secrets = redact_module.known_secrets()
+    assert {"p%40ss-word9", "p@ss-word9", "zzzzzz", "sk-plain-value"} <= set(secrets)
+    assert redact_text("login as p@ss-word9 failed") == f"login as {MASK} failed"
+    assert "m" not in secrets
+
+
+def test_masking_never_rewrites_the_ids_a_record_is_filed_under(monkeypatch):
+    """A cell parameter named like a credential ("token=1234") was masked inside the cell
+    id, and the record no longer named its own file."""
+    monkeypatch.setenv("SOME_TOKEN", "1234-5678-90")
+    rec = record(
+        cell_id="w.e.token=1234-5678-90",
+        params={"token": "1234-5678-90"},
+        status=Status.FAILED,
+        reasons=("token=1234-5678-90 refused",),
+    )
+    back = records.parse(CellRecord, records.dump(rec), "r.json")
+    assert back.cell_id == "w.e.token=1234-5678-90"
+    assert back.params == {"token": "1234-5678-90"}
+    assert back.reasons == (f"token={MASK} refused",)
