@@ -53,7 +53,7 @@ def _statuses(run_dir):
     return {cell: record.status for cell, record in records_of(run_dir).items()}
 
 
-@pytest.mark.parametrize("extra", [(), ("--lf",), ("--ff", "--lfnf", "all"), ("--sw",)])
+@pytest.mark.parametrize("extra", [(), ("--lf", "--ff", "--lfnf", "all", "--sw")])
 def test_bare_pytest_runs_every_cell_whatever_the_cache_options(project, extra):
     """Cache-driven options choose the controller's tests; a worker has no cache and must
     not be handed them (it refused to start: 'unrecognized arguments: --lf')."""
