@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.store import CELLS
+from harness.worker import Drop, drop_options
 
 STRIPPED_WITH_VALUE = frozenset(
     {
@@ -68,21 +69,15 @@ START_MARGIN_S = 120.0
 
 def node_argv(args: Sequence[str], nodeid: str, results_dir: Path) -> list[str]:
     """The driver's pytest arguments for a local one-cell run of ``nodeid``."""
-    out: list[str] = []
-    skip_value = False
-    for token in args:
-        if skip_value:
-            skip_value = False
-            if not token.startswith("-"):
-                continue
-        name, eq, _ = token.partition("=")
+
+    def stripped(name: str) -> Drop:
         if name in STRIPPED_WITH_VALUE:
-            skip_value = not eq
-            continue
+            return "option"
         if name.startswith("--benchmark-"):
-            skip_value = not eq and name not in BENCHMARK_FLAGS
-            continue
-        out.append(token)
+            return "flag" if name in BENCHMARK_FLAGS else "option"
+        return None
+
+    out = drop_options(args, stripped)
     return [
         *out,
         "-p",

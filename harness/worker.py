@@ -17,10 +17,10 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import pytest
 
@@ -50,26 +50,42 @@ CONTROLLER_ONLY_WITH_VALUE = frozenset({"--lfnf", "--last-failed-no-failures"})
 COLLECTION_ERROR_CHARS = 3000
 
 
+Drop = Literal["flag", "option"] | None
+"""What to drop of a command-line option: the flag alone, the option with its value (the
+next token unless given as ``--name=value``), or nothing."""
+
+
+def drop_options(args: Sequence[str], drop: Callable[[str], Drop]) -> list[str]:
+    """``args`` without the options ``drop`` names (by their ``--name``)."""
+    out: list[str] = []
+    skip_value = False
+    for token in args:
+        if skip_value:
+            skip_value = False
+            if not token.startswith("-"):
+                continue
+        name, eq, _ = token.partition("=")
+        what = drop(name)
+        if what is None:
+            out.append(token)
+        else:
+            skip_value = what == "option" and not eq
+    return out
+
+
 def rerun_args(config: pytest.Config) -> list[str]:
     """The controller's arguments for another session of the same run (a worker, a Ray
     node): without the options only the controller's session may act on, and with its
     rootdir and config file pinned. Without the pin, an option value such as ``--lf`` or a
     path elsewhere could move the other session's rootdir: its node ids would then differ
     and it would collect none of the cells it was given."""
-    out: list[str] = []
-    skip_value = False
-    for token in config.invocation_params.args:
-        if skip_value:
-            skip_value = False
-            if not token.startswith("-"):
-                continue
-        name, eq, _ = token.partition("=")
+
+    def controller_only(name: str) -> Drop:
         if name in CONTROLLER_ONLY:
-            continue
-        if name in CONTROLLER_ONLY_WITH_VALUE:
-            skip_value = not eq
-            continue
-        out.append(token)
+            return "flag"
+        return "option" if name in CONTROLLER_ONLY_WITH_VALUE else None
+
+    out = drop_options(config.invocation_params.args, controller_only)
     out.append(f"--rootdir={config.rootpath}")
     if config.inipath is not None:
         out.append(f"--config-file={config.inipath}")

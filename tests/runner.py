@@ -22,10 +22,13 @@ class Run:
     records: dict[str, CellRecord]
 
 
-def run_workloads(tmp: Path, *args: str, results: Path | None = None) -> Run:
-    results = results or tmp / "runs"
-    before = set(results.iterdir()) if results.is_dir() else set()
-    proc = subprocess.run(
+def pytest_workloads(
+    tmp: Path, *args: str, results: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``pytest workloads ARGS`` in a subprocess, results under ``tmp/runs`` (or
+    ``results``), generated models cached under ``tmp/cache`` unless the environment says
+    where (tox shares one cache between its tests)."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -33,7 +36,7 @@ def run_workloads(tmp: Path, *args: str, results: Path | None = None) -> Run:
             str(REPO / "workloads"),
             "-p",
             "no:cacheprovider",
-            f"--results-dir={results}",
+            f"--results-dir={results or tmp / 'runs'}",
             *args,
         ],
         capture_output=True,
@@ -46,6 +49,12 @@ def run_workloads(tmp: Path, *args: str, results: Path | None = None) -> Run:
         },
         check=False,
     )
+
+
+def run_workloads(tmp: Path, *args: str, results: Path | None = None) -> Run:
+    results = results or tmp / "runs"
+    before = set(results.iterdir()) if results.is_dir() else set()
+    proc = pytest_workloads(tmp, *args, results=results)
     runs = [p for p in results.iterdir() if p not in before] if results.is_dir() else []
     assert len(runs) == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     records = {r.cell_id: r for r in store.read_records(runs[0])}

@@ -5,16 +5,13 @@ backend that fails on an image inside a cell names the file too."""
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.imagefiles import write_small_corpus
-from tests.runner import REPO
+from tests.runner import pytest_workloads
 from workloads import pipeline
 from workloads.preprocess import make
 
@@ -37,26 +34,7 @@ def bad_corpus(directory: Path) -> Path:
 
 def test_undecodable_images_stop_the_run_with_one_message_naming_each(tmp_path):
     images = bad_corpus(tmp_path / "images")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(REPO / "workloads"),
-            "-p",
-            "no:cacheprovider",
-            f"--results-dir={tmp_path / 'runs'}",
-            f"--images={images}",
-            "-k",
-            "test_preprocessing.py and pil",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={**os.environ, "HARNESS_CACHE_DIR": str(tmp_path / "cache")},
-        check=False,
-    )
+    proc = pytest_workloads(tmp_path, f"--images={images}", "-k", "test_preprocessing.py and pil")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 4, out[-3000:]
     assert (

@@ -5,10 +5,7 @@ traceback in every cell; and the ONNX inspection and rewriting behind it."""
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +14,7 @@ import pytest
 from harness.config import UsageError, parse_settings
 from harness.records import Manifest
 from harness.run import check_resumable
-from tests.runner import REPO
+from tests.runner import pytest_workloads
 from workloads import models
 
 onnx = pytest.importorskip("onnx")
@@ -40,27 +37,7 @@ def _cache(tmp_path, monkeypatch):
 def start(tmp: Path, *args: str) -> tuple[int, str]:
     """A workloads run that must stop at configuration: its exit status and output. One
     short cell is selected, so that a run that does not stop is over soon all the same."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(REPO / "workloads"),
-            "-p",
-            "no:cacheprovider",
-            f"--results-dir={tmp / 'runs'}",
-            "--window=2",
-            "-k",
-            "rate100-none",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={**os.environ, "HARNESS_CACHE_DIR": str(tmp / "cache")},
-        check=False,
-    )
+    proc = pytest_workloads(tmp, "--window=2", "-k", "rate100-none", *args)
     return proc.returncode, proc.stdout + proc.stderr
 
 
