@@ -8,7 +8,7 @@ gating on ``pytest --engine=X`` needs both to be non-zero, each with its own cod
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from harness.records import Status
 
@@ -35,29 +35,26 @@ BROKEN = frozenset({Status.FAILED, Status.TIMEOUT, Status.CRASHED})
 KEPT = frozenset({RunExit.INTERRUPTED, RunExit.INTERNAL_ERROR, RunExit.USAGE_ERROR})
 
 
-def missing_cells(planned: Iterable[str], written: Mapping[str, Status]) -> list[str]:
-    return [cell for cell in planned if cell not in written]
-
-
 def run_exit(
     pytest_status: int,
-    planned: Iterable[str],
-    written: Mapping[str, Status],
+    statuses: Iterable[Status],
     *,
+    unrecorded: bool,
     trouble: bool,
 ) -> int:
     """The run's exit status: the worst of what its records say, most severe first.
 
-    ``trouble``: an incident or a fatal error outside any cell. pytest's own failures
-    (a non-cell test, an error in a fixture) keep its status 1.
+    ``statuses``: the latest status of each recorded cell; ``unrecorded``: planned cells
+    have no record; ``trouble``: an incident or a fatal error outside any cell. pytest's
+    own failures (a non-cell test, an error in a fixture) keep its status 1.
     """
     if pytest_status in KEPT:
         return pytest_status
-    statuses = set(written.values())
-    if trouble or statuses & BROKEN or pytest_status == RunExit.FAILED:
+    seen = set(statuses)
+    if trouble or seen & BROKEN or pytest_status == RunExit.FAILED:
         return RunExit.FAILED
-    if missing_cells(planned, written):
+    if unrecorded:
         return RunExit.INCOMPLETE
-    if Status.INVALID in statuses:
+    if Status.INVALID in seen:
         return RunExit.INVALID
     return pytest_status

@@ -23,7 +23,7 @@ from harness.config import Dist, Isolation, RunSettings, UsageError, check_writa
 from harness.engine import Engine, EngineConfig, EngineError, is_fatal
 from harness.isolation import Supervisor, groups
 from harness.options import add_options, check_rootdir, settings_from
-from harness.outcome import RunExit, missing_cells, run_exit
+from harness.outcome import RunExit, run_exit
 from harness.pool import EnginePool, NewEngineInstance
 from harness.records import Manifest, RecordError, Status
 from harness.redact import redact_text
@@ -558,8 +558,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             state.lock.release()
     session.exitstatus = run_exit(
         session.exitstatus,
-        [c.cell_id for c in state.manifest.planned],
-        state.written,
+        state.written.values(),
+        unrecorded=bool(state.unrecorded),
         trouble=bool(state.incidents or state.fatal_error),
     )
 
@@ -591,8 +591,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 def _explain_exit(terminalreporter: Any, state: RunState) -> None:
     """Say why a run that pytest would call passed exits non-zero."""
-    planned = [c.cell_id for c in state.manifest.planned]
-    missing = missing_cells(planned, state.written)
+    missing = state.unrecorded
     invalid = sorted(c for c, s in state.written.items() if s is Status.INVALID)
     if missing and not state.missing:  # resume already listed the ones not collected
         terminalreporter.write_line(

@@ -145,9 +145,13 @@ class RunState:
             self.sink.send("fatal", text=text)
 
     # -- the manifest ------------------------------------------------------------------
+    @property
+    def unrecorded(self) -> list[str]:
+        """Planned cells without a record of any attempt, in plan order."""
+        return [c.cell_id for c in self.manifest.planned if c.cell_id not in self.written]
+
     def finish(self, interrupted: bool) -> Manifest:
-        planned_ids = {c.cell_id for c in self.manifest.planned}
-        complete = planned_ids <= set(self.written) and not interrupted
+        complete = not self.unrecorded and not interrupted
         final = self.manifest.model_copy(
             update={
                 "state": "complete" if complete else "incomplete",
