@@ -8,6 +8,7 @@ harness's own load generators, as real workloads do.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -143,24 +144,42 @@ def write_project(
     (root / "test_faults.py").write_text(source)
 
 
-def pytest_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args]
+def pytest_argv(*args: str, cache: bool = False) -> list[str]:
+    """``python -m pytest -q ARGS``; without pytest's cache unless ``cache`` (as a user
+    runs it, ``--lf`` and all)."""
+    plain = () if cache else ("-p", "no:cacheprovider")
+    return [sys.executable, "-m", "pytest", *plain, "-q", *args]
 
 
 def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def run(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run(
+    root: Path, *args: str, timeout: float = 300, cache: bool = False
+) -> subprocess.CompletedProcess[str]:
+    return run_argv(root, pytest_argv(*args, cache=cache), timeout)
+
+
+def run_argv(root: Path, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        pytest_argv(*args),
-        cwd=root,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+        argv, cwd=root, env=env(), capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def can_unshare(flags: str, script: str) -> bool:
+    """Whether ``unshare FLAGS sh -c SCRIPT`` works here (new namespaces, mounts)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", flags, "sh", "-c", script], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def run_unshared(
+    root: Path, flags: str, script: str, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``sh -c SCRIPT`` in namespaces of its own: its mounts are seen by it alone."""
+    return run_argv(root, ["unshare", flags, "sh", "-c", script], timeout)
 
 
 def only_run_dir(results: Path) -> Path:

@@ -7,7 +7,6 @@ worker's last output), and leave every other cell of the run ok and intact.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 
@@ -17,12 +16,14 @@ from harness import store
 from harness.outcome import RunExit
 from harness.records import Status
 from tests.isolated import (
+    can_unshare,
     env,
     interrupt_when,
     only_run_dir,
     pytest_argv,
     records_of,
     run,
+    run_unshared,
     write_project,
 )
 
@@ -344,19 +345,9 @@ def test_secrets_never_reach_results_and_engine_text_is_escaped(tmp_path):
     assert proc.returncode == pytest.ExitCode.TESTS_FAILED
 
 
-def _full_disk_available() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=16k tmpfs /mnt"],
-        capture_output=True,
-        check=False,
-    )
-    return probe.returncode == 0
-
-
 @pytest.mark.skipif(
-    not _full_disk_available(), reason="needs unshare -rm and tmpfs mounts (a full disk)"
+    not can_unshare("-rm", "mount -t tmpfs -o size=16k tmpfs /mnt"),
+    reason="needs unshare -rm and tmpfs mounts (a full disk)",
 )
 def test_a_full_disk_stops_the_run_loudly_and_keeps_what_was_written(tmp_path):
     write_project(tmp_path, [f"none+{i}" for i in range(24)])
@@ -367,15 +358,7 @@ def test_a_full_disk_stops_the_run_loudly_and_keeps_what_was_written(tmp_path):
         f"mount -t tmpfs -o size=48k tmpfs {disk} && {{ {command}; echo rc=$?; }};"
         f" cp -r {disk} {saved}"
     )
-    proc = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script],
-        cwd=tmp_path,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    proc = run_unshared(tmp_path, "-rm", script, timeout=600)
     out = proc.stdout + proc.stderr
     assert "rc=2" in out, out[-3000:]
     assert "no space left on the device" in out

@@ -19,7 +19,16 @@ import pytest
 from harness import store
 from harness.outcome import RunExit
 from harness.records import Status
-from tests.isolated import env, only_run_dir, pytest_argv, records_of, run, write_project
+from tests.isolated import (
+    can_unshare,
+    env,
+    only_run_dir,
+    pytest_argv,
+    records_of,
+    run,
+    run_unshared,
+    write_project,
+)
 from workloads import models
 
 LIMITS = ("--engine=faulty", "--window=1.2")
@@ -178,39 +187,21 @@ def test_a_results_dir_that_cannot_be_written_is_a_usage_error(tmp_path, where):
     assert "INTERNALERROR" not in proc.stdout + proc.stderr
 
 
-def _can_bind_read_only():
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", "mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp"],
-        capture_output=True,
-        check=False,
-    )
-    return probe.returncode == 0
+READ_ONLY_PROBE = "mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp"
 
 
-@pytest.mark.skipif(not _can_bind_read_only(), reason="needs unshare -m and bind mounts (root)")
+@pytest.mark.skipif(
+    not can_unshare("-m", READ_ONLY_PROBE), reason="needs unshare -m and bind mounts (root)"
+)
 def test_a_read_only_results_dir_is_a_usage_error(tmp_path):
     write_project(tmp_path, ["none"])
     results = tmp_path / "ro"
     results.mkdir()
     command = " ".join(pytest_argv(*LIMITS, f"--results-dir={results}"))
-    proc = subprocess.run(
-        [
-            "unshare",
-            "-m",
-            "sh",
-            "-c",
-            f"mount --bind {results} {results} && mount -o remount,bind,ro {results}"
-            f" && exec {command}",
-        ],
-        cwd=tmp_path,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    script = (
+        f"mount --bind {results} {results} && mount -o remount,bind,ro {results} && exec {command}"
     )
+    proc = run_unshared(tmp_path, "-m", script, timeout=120)
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-2000:] + proc.stderr
     assert f"--results-dir '{results}': cannot write files there: Read-only file system" in (
         proc.stderr

@@ -9,13 +9,11 @@ be imported in the user's environment.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from harness.records import Status
-from tests.isolated import env, only_run_dir, records_of, write_project
+from tests.isolated import only_run_dir, records_of, run, write_project
 
 pytest_plugins = ["pytester"]
 
@@ -36,19 +34,6 @@ def project(tmp_path):
     return tmp_path
 
 
-def run(root, *args):
-    """``pytest ARGS`` as a user types it: the cache provider on, no path unless given."""
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", *args],
-        cwd=root,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def _statuses(run_dir):
     return {cell: record.status for cell, record in records_of(run_dir).items()}
 
@@ -57,7 +42,7 @@ def _statuses(run_dir):
 def test_bare_pytest_runs_every_cell_whatever_the_cache_options(project, extra):
     """Cache-driven options choose the controller's tests; a worker has no cache and must
     not be handed them (it refused to start: 'unrecognized arguments: --lf')."""
-    proc = run(project, "--engine=faulty", "--window=1.5", *extra)
+    proc = run(project, "--engine=faulty", "--window=1.5", *extra, cache=True)
     run_dir = only_run_dir(project / "results" / "runs")
     assert _statuses(run_dir) == dict.fromkeys(CELLS, Status.OK), proc.stdout[-3000:]
     assert proc.returncode == 0
@@ -70,11 +55,13 @@ def test_a_path_option_outside_the_project_is_refused_before_anything_runs(proje
     tests/ too. Now it is a usage error that gives the form pytest reads correctly."""
     elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
     elsewhere.mkdir()
-    proc = run(project, "--engine=faulty", "--window=1.5", "--results-dir", str(elsewhere))
+    proc = run(
+        project, "--engine=faulty", "--window=1.5", "--results-dir", str(elsewhere), cache=True
+    )
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-3000:]
     assert f"write --results-dir={elsewhere}" in proc.stderr
     assert not list(elsewhere.iterdir())
-    ok = run(project, "--engine=faulty", "--window=1.5", f"--results-dir={elsewhere}")
+    ok = run(project, "--engine=faulty", "--window=1.5", f"--results-dir={elsewhere}", cache=True)
     assert _statuses(only_run_dir(elsewhere)) == dict.fromkeys(CELLS, Status.OK)
     assert ok.returncode == 0
 
@@ -91,7 +78,7 @@ def test_a_worker_that_cannot_collect_its_cells_puts_its_error_in_every_record(p
     'the worker failed 4 times ... see the crashed/timeout cells' with none to see."""
     source = project / "workloads" / "test_faults.py"
     source.write_text(WORKER_ONLY_IMPORT_ERROR + source.read_text())
-    proc = run(project, "--engine=faulty", "--window=1.5")
+    proc = run(project, "--engine=faulty", "--window=1.5", cache=True)
     records = records_of(only_run_dir(project / "results" / "runs"))
     assert set(records) == set(CELLS)
     for record in records.values():
@@ -117,7 +104,7 @@ def test_unstable(cell, stamp):
 
 def test_a_cell_whose_node_id_differs_in_the_worker_says_so(project):
     (project / "workloads" / "test_unstable.py").write_text(PROCESS_DEPENDENT_IDS)
-    proc = run(project, "--engine=faulty", "--window=1.5")
+    proc = run(project, "--engine=faulty", "--window=1.5", cache=True)
     records = records_of(only_run_dir(project / "results" / "runs"))
     (unstable,) = [r for c, r in records.items() if c.startswith("unstable.")]
     assert unstable.status is Status.FAILED
