@@ -4,18 +4,35 @@
 Build: the ONNX parser fills a network; every dynamic input gets (min, opt, max) shapes
 from ``engines.trt_profiles`` (several profiles allowed); a persistent timing cache makes
 rebuilds fast; the serialized engine is cached under a key of ONNX hash, TensorRT
-version, GPU, profiles and builder settings. Build time is its own figure in
-``describe()`` (``build_s``), never inside a latency.
+version, GPU, profiles and builder settings (flags set and cleared, TF32 included). Build
+time is its own figure in ``describe()`` (``build_s``), never inside a latency.
 
-Precision: TensorRT 10 still takes ``BuilderFlag.FP16`` on a weakly typed network;
-TensorRT 11 builds strongly typed networks only (the ONNX model's types decide), so there
-``precision=fp16`` asks for an fp16 model instead. The API is detected, not assumed.
+Precision: ``BuilderFlag.TF32`` is on by default in TensorRT 10 and 11 and lets fp32
+convolutions and matmuls round their inputs to 10-bit mantissas, so the adapter clears it
+unless ``tf32=1``: fp32 means fp32. TensorRT 10 still takes ``BuilderFlag.FP16`` on a
+weakly typed network (deprecated since 10.12); TensorRT 11 has no FP16 flag (networks are
+strongly typed: the ONNX model's types decide), so ``precision_options("fp16")`` refuses
+there, from the installed version read in package metadata, and the precision cell skips
+with the reason. At build, the flags are detected from ``trt.BuilderFlag``, not assumed.
 
 Run: device buffers and pinned host buffers are allocated once, at the largest shapes
-of every profile; each ``infer`` copies inputs host-to-device, enqueues, copies outputs
-back and synchronizes the stream. CUDA events around the three parts give ``h2d``,
-``compute`` and ``d2h`` device times, as trtexec reports them (``device_times()``).
-``cuda_graph=1`` captures one graph per input shape after a plain enqueue, and replays it.
+of every profile. Each ``infer`` first copies the inputs into the pinned buffers (host
+work, untimed), then records the start event and issues the host-to-device copies, the
+enqueue and the copies back, and synchronizes the stream. CUDA events around the three
+parts give ``h2d``, ``compute`` and ``d2h`` device times (``device_times()``); on an
+idle stream they also hold the Python time spent issuing each part.
+
+CUDA graphs (``cuda_graph=1``): one graph per (profile, input shapes), on the one
+execution context. TensorRT applies a profile switch or a new input shape at the next
+``enqueueV3`` (its CUDA-graph guide: "Call enqueueV3() once after an input shape change
+to update internal state"), which a graph replay is not. So after any change the adapter
+runs one plain ``execute_async_v3`` before capturing or replaying, outside the timed
+events (its outputs are overwritten by the replay); a run that alternates shapes pays
+that enqueue on every change, and ``describe()`` counts them (``cuda_graph_flushes``).
+
+CUDA runtime: cuda-python's ``cuda.bindings.runtime``, whose CUDA major should match the
+TensorRT wheel's (``tensorrt-cu12`` with ``cuda-python<13``): a CUDA 13 runtime needs a
+driver >= 580, and the probe says so when the driver is older or missing.
 """
 
 from __future__ import annotations
@@ -26,7 +43,7 @@ import hashlib
 import importlib
 import importlib.util
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,45 +75,82 @@ OPTIONS = {
     "dims": "NAME=N[,...]: sizes of named dynamic dims (what --dim gives other engines)",
     "precision": "fp32 (default) or fp16 (TensorRT 10: FP16 builder flag; TensorRT 11: refused,"
     " give an fp16 ONNX model: networks are strongly typed)",
+    "tf32": "0/1: let fp32 layers use TF32 (BuilderFlag.TF32, on by TensorRT's default;"
+    " default 0 here, so fp32 is fp32)",
     "cuda_graph": "0/1: capture and replay a CUDA graph per input shape (default 0)",
     "workspace_mib": "builder workspace memory pool limit in MiB (default 4096)",
     "optimization_level": "builder optimization level 0-5 (default 3)",
     "cache_dir": "engine and timing caches (default $HARNESS_CACHE_DIR/tensorrt)",
 }
 
+# The TensorRT wheels, bindings first (they carry the library the adapter imports).
+TENSORRT_DISTRIBUTIONS = (
+    "tensorrt-cu12-bindings",
+    "tensorrt-cu13-bindings",
+    "tensorrt-cu12",
+    "tensorrt-cu13",
+    "tensorrt",
+)
+# The oldest driver each CUDA major's runtime runs on (CUDA minor version compatibility,
+# docs.nvidia.com/deploy/cuda-compatibility: 12.x >= 525, 13.x >= 580).
+MIN_DRIVER = {11: "450", 12: "525", 13: "580"}
+NO_FP16 = (
+    "TensorRT {version} has no FP16 builder flag (networks are strongly typed): convert the"
+    " ONNX model to fp16 and build it with precision=fp32"
+)
+
+
+def installed_tensorrt() -> str | None:
+    """The installed TensorRT version from package metadata, without importing it."""
+    return installed_version(*TENSORRT_DISTRIBUTIONS)
+
+
+def known_builder_flags(trt_major: int) -> frozenset[str]:
+    """The precision flags of ``BuilderFlag`` per major, for plans made without TensorRT:
+    TensorRT 11 dropped FP16 (its enum starts at kDEBUG); TF32 is in both."""
+    return frozenset({"TF32"} if trt_major >= 11 else {"FP16", "TF32"})
+
 
 @dataclass(frozen=True)
 class BuildPlan:
-    """What the builder is asked for, derived from the options and the TensorRT major."""
+    """What the builder is asked for, derived from the options and the TensorRT flags."""
 
     strongly_typed: bool
     builder_flags: tuple[str, ...]
+    cleared_flags: tuple[str, ...]
+    tf32: bool | None  # None: this TensorRT has no TF32 flag to decide with
     workspace_bytes: int
     optimization_level: int
 
     def settings(self) -> dict[str, Any]:
+        """Everything an engine depends on: it keys the engine cache and is reported."""
         return {
             "strongly_typed": self.strongly_typed,
             "builder_flags": list(self.builder_flags),
+            "cleared_flags": list(self.cleared_flags),
+            "tf32": self.tf32,
             "workspace_bytes": self.workspace_bytes,
             "optimization_level": self.optimization_level,
         }
 
 
-def build_plan(options: Mapping[str, str], trt_major: int) -> BuildPlan:
-    """Pure: the network and builder settings for ``options`` on TensorRT ``trt_major``."""
+def build_plan(
+    options: Mapping[str, str], trt_major: int, flags: Collection[str] | None = None
+) -> BuildPlan:
+    """Pure: the network and builder settings for ``options`` on TensorRT ``trt_major``
+    whose ``BuilderFlag`` has the members ``flags`` (default: what that major has)."""
+    names = frozenset(flags) if flags is not None else known_builder_flags(trt_major)
     precision = options.get("precision", "fp32")
-    flags: tuple[str, ...] = ()
-    if precision == "fp16":
-        if trt_major >= 11:
-            raise ValueError(
-                "TensorRT 11 removed the FP16 builder flag (networks are strongly typed):"
-                " convert the ONNX model to fp16 and build it with precision=fp32"
-            )
-        flags = ("FP16",)
+    if precision == "fp16" and "FP16" not in names:
+        raise ValueError(NO_FP16.format(version=trt_major))
+    tf32 = options.get("tf32", "0") == "1"
+    wanted = (("FP16", precision == "fp16"), ("TF32", tf32))
     return BuildPlan(
         strongly_typed=trt_major >= 11,
-        builder_flags=flags,
+        builder_flags=tuple(name for name, on in wanted if on and name in names),
+        # TF32 is on by default: fp32 needs it cleared, not merely left unset
+        cleared_flags=("TF32",) if "TF32" in names and not tf32 else (),
+        tf32=tf32 if "TF32" in names else None,
         workspace_bytes=int(options.get("workspace_mib", "4096")) * 2**20,
         optimization_level=int(options.get("optimization_level", "3")),
     )
@@ -106,11 +160,12 @@ def build_plan(options: Mapping[str, str], trt_major: int) -> BuildPlan:
 
 
 def _cudart() -> Any:
-    """cuda-python's runtime module: ``cuda.bindings.runtime`` (12.6+), else ``cuda.cudart``."""
+    """cuda-python's runtime module: ``cuda.bindings.runtime`` (12.6.2+, the only one in
+    13.x), else ``cuda.cudart`` (12.6.0)."""
     for name in ("cuda.bindings.runtime", "cuda.cudart"):
         with contextlib.suppress(ImportError):
             return importlib.import_module(name)
-    raise EngineError("cuda-python is not installed (pip install cuda-python)")
+    raise EngineError("cuda-python is not installed (pip install 'cuda-python>=12.6,<13')")
 
 
 def _check(result: Any) -> Any:
@@ -124,6 +179,52 @@ def _check(result: Any) -> Any:
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)
+
+
+def _cuda_version(encoded: int) -> str:
+    """CUDA encodes versions as 1000 * major + 10 * minor."""
+    return f"{encoded // 1000}.{encoded % 1000 // 10}"
+
+
+def _tensorrt_cuda_major() -> int | None:
+    """The CUDA major the installed TensorRT wheel is built for (tensorrt-cuNN)."""
+    for major in (12, 13):
+        if installed_version(f"tensorrt-cu{major}", f"tensorrt-cu{major}-bindings"):
+            return major
+    return None
+
+
+def driver_hint(cudart: Any) -> str:
+    """When CUDA cannot start: which driver cuda-python's runtime needs, and what is here.
+    Both calls are safe without a driver (the runtime version is a compile-time constant;
+    the driver version reads 0 when none is installed)."""
+    runtime = int(_check(cudart.cudaRuntimeGetVersion()))
+    driver = int(_check(cudart.cudaDriverGetVersion()))
+    major = runtime // 1000
+    if driver and driver // 1000 >= major:
+        return ""  # the driver is new enough: the error is about something else
+    have = f"the driver supports CUDA {_cuda_version(driver)}" if driver else "no driver loaded"
+    hint = (
+        f"cuda-python's CUDA runtime is {_cuda_version(runtime)}, which needs an NVIDIA driver"
+        f" >= {MIN_DRIVER.get(major, '?')} (CUDA {major}.x); {have}"
+    )
+    trt_major = _tensorrt_cuda_major()
+    if trt_major is not None and trt_major < major:
+        hint += (
+            f"; tensorrt-cu{trt_major} needs only CUDA {trt_major}: install"
+            f" 'cuda-python<{trt_major + 1}' beside it"
+        )
+    return hint
+
+
+def _why_no_gpu(cudart: Any) -> str:
+    """Why CUDA sees no GPU here ("" when it sees one), with the driver it would need."""
+    try:
+        count = int(_check(cudart.cudaGetDeviceCount()))
+    except EngineError as exc:
+        hint = driver_hint(cudart)
+        return f"{exc}; {hint}" if hint else str(exc)
+    return "" if count > 0 else "none found"
 
 
 @dataclass
@@ -153,6 +254,10 @@ class _Buffer:
         self.device = self.host = 0
 
 
+# (profile index, sorted (input name, shape) pairs): what the execution context is set to
+State = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]
+
+
 class TensorRTEngine:
     name: ClassVar[str] = "tensorrt"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -171,8 +276,13 @@ class TensorRTEngine:
         self._stream: Any = None
         self._events: list[Any] = []
         self._buffers: dict[str, _Buffer] = {}
-        self._graphs: dict[Any, Any] = {}
+        self._graphs: dict[State, Any] = {}
         self._active_profile = -1
+        self._state: State | None = None  # what the context is set to
+        # a shape or profile was set since the last plain enqueue, which applies it
+        self._update_pending = True
+        self._out_shapes: dict[str, tuple[int, ...]] = {}
+        self._flushes = 0
         self._last: dict[str, float] = {}
         self._info: dict[str, Any] = {}
 
@@ -181,16 +291,16 @@ class TensorRTEngine:
         if importlib.util.find_spec("tensorrt") is None:
             return Availability(
                 False,
-                "tensorrt is not installed (pip install tensorrt-cu12 or tensorrt-cu13, by the"
-                " driver's CUDA version, on a machine with an NVIDIA GPU)",
+                "tensorrt is not installed (pip install tensorrt-cu12 'cuda-python<13', or"
+                " tensorrt-cu13 with cuda-python 13 where the driver is >= 580, on a machine"
+                " with an NVIDIA GPU)",
             )
         try:
-            cudart = _cudart()
-            count = int(_check(cudart.cudaGetDeviceCount()))
+            why = _why_no_gpu(_cudart())
         except EngineError as exc:
-            return Availability(False, f"tensorrt needs an NVIDIA GPU: {exc}")
-        if count < 1:
-            return Availability(False, "tensorrt needs an NVIDIA GPU; none found")
+            why = str(exc)
+        if why:
+            return Availability(False, f"tensorrt needs an NVIDIA GPU: {why}")
         return Availability(True)
 
     @classmethod
@@ -198,8 +308,9 @@ class TensorRTEngine:
         reject_unknown_options(options, OPTIONS)
         if options.get("precision", "fp32") not in ("fp32", "fp16"):
             raise ValueError("precision must be fp32 or fp16")
-        if options.get("cuda_graph", "0") not in ("0", "1"):
-            raise ValueError("cuda_graph must be 0 or 1")
+        for key in ("cuda_graph", "tf32"):
+            if options.get(key, "0") not in ("0", "1"):
+                raise ValueError(f"{key} must be 0 or 1")
         for key, low, high in (("workspace_mib", 1, 2**20), ("optimization_level", 0, 5)):
             value = options.get(key)
             if value is not None and not (value.isdigit() and low <= int(value) <= high):
@@ -210,6 +321,11 @@ class TensorRTEngine:
 
     @classmethod
     def precision_options(cls, name: str, device: str) -> dict[str, str]:
+        if name == "fp16":
+            version = installed_tensorrt()
+            # not installed: the cell skips later, with the probe's "not installed" reason
+            if version is not None and "FP16" not in known_builder_flags(_major(version)):
+                raise ValueError(NO_FP16.format(version=version))
         if name in ("fp32", "fp16"):
             return {"precision": name}
         raise ValueError(
@@ -229,6 +345,20 @@ class TensorRTEngine:
         name = props.name.decode() if isinstance(props.name, bytes) else str(props.name)
         return f"{name.strip(chr(0))} sm_{props.major}{props.minor}"
 
+    def _plan(self, trt: Any, path: Path) -> BuildPlan:
+        """Plan, specs and profiles; a ValueError (bad option or model) is an EngineError."""
+        flags = getattr(trt.BuilderFlag, "__members__", None)
+        try:
+            plan = build_plan(self.options, _major(trt.__version__), flags)
+            self._inputs, self._outputs = read_specs(path)
+            dims = trt_profiles.parse_dims(self.options.get("dims"))
+            self._profiles = trt_profiles.derive_all(
+                self._inputs, self.options.get("profiles"), dims
+            )
+        except ValueError as exc:
+            raise EngineError(str(exc)) from exc
+        return plan
+
     def load(self) -> None:
         import tensorrt as trt  # noqa: PLC0415
 
@@ -237,16 +367,7 @@ class TensorRTEngine:
             raise EngineError(f"tensorrt builds from an ONNX file; {path} is not one")
         cudart = _cudart()
         gpu = self._gpu(cudart)
-        major = int(trt.__version__.split(".")[0])
-        try:
-            plan = build_plan(self.options, major)
-            self._inputs, self._outputs = read_specs(path)
-            dims = trt_profiles.parse_dims(self.options.get("dims"))
-            self._profiles = trt_profiles.derive_all(
-                self._inputs, self.options.get("profiles"), dims
-            )
-        except ValueError as exc:
-            raise EngineError(str(exc)) from exc
+        plan = self._plan(trt, path)
         data = path.read_bytes()
         key = trt_profiles.cache_key(
             hashlib.sha256(data).hexdigest(), trt.__version__, gpu, self._profiles, plan.settings()
@@ -270,12 +391,14 @@ class TensorRTEngine:
         self._allocate(cudart)
         self._info = {
             "gpu": gpu,
-            "api_major": major,
+            "api_major": _major(trt.__version__),
+            "cuda_runtime": _cuda_version(int(_check(cudart.cudaRuntimeGetVersion()))),
             "build": plan.settings(),
+            "tf32": plan.tf32,
             "build_s": round(build_s, 3),
             "engine_cache": {"file": str(engine_file), "result": cache},
             "profiles": [p.ort_options() for p in self._profiles],
-            "cuda_graph": self.options.get("cuda_graph", "0") == "1",
+            "cuda_graph": self._graphs_on(),
         }
 
     def _build(self, trt: Any, logger: Any, onnx_bytes: bytes, plan: BuildPlan, gpu: str) -> bytes:
@@ -293,12 +416,9 @@ class TensorRTEngine:
         config.builder_optimization_level = plan.optimization_level
         for flag in plan.builder_flags:
             config.set_flag(getattr(trt.BuilderFlag, flag))
-        for profile in self._profiles:
-            trt_profile = builder.create_optimization_profile()
-            for name, (low, opt, high) in profile.shapes.items():
-                trt_profile.set_shape(name, low, opt, high)
-            if config.add_optimization_profile(trt_profile) < 0:
-                raise EngineError(f"TensorRT refused the optimization profile {profile.shapes}")
+        for flag in plan.cleared_flags:
+            config.clear_flag(getattr(trt.BuilderFlag, flag))
+        self._add_profiles(builder, config)
         timing_file = self._cache_dir() / f"timing-{trt.__version__}-{gpu.replace(' ', '_')}.cache"
         timing = config.create_timing_cache(
             timing_file.read_bytes() if timing_file.is_file() else b""
@@ -309,6 +429,14 @@ class TensorRTEngine:
             raise EngineError(f"TensorRT could not build an engine from {self.config.model}")
         replace(timing_file, bytes(memoryview(config.get_timing_cache().serialize())))
         return bytes(memoryview(serialized))
+
+    def _add_profiles(self, builder: Any, config: Any) -> None:
+        for profile in self._profiles:
+            trt_profile = builder.create_optimization_profile()
+            for name, (low, opt, high) in profile.shapes.items():
+                trt_profile.set_shape(name, low, opt, high)
+            if config.add_optimization_profile(trt_profile) < 0:
+                raise EngineError(f"TensorRT refused the optimization profile {profile.shapes}")
 
     def _allocate(self, cudart: Any) -> None:
         """Buffers sized for the largest shape any profile allows, allocated once."""
@@ -322,6 +450,8 @@ class TensorRTEngine:
                 shape = tuple(self._context.get_tensor_shape(spec.name))
                 nbytes = int(np.prod(shape)) * spec.dtype.itemsize
                 largest[spec.name] = max(largest.get(spec.name, 0), nbytes)
+        self._state = None  # the shapes above were for sizing: the first infer sets its own
+        self._update_pending = True
         for spec in (*self._inputs, *self._outputs):
             buffer = _Buffer(spec.name, spec.dtype, max(largest[spec.name], 1))
             buffer.allocate(cudart)
@@ -349,6 +479,9 @@ class TensorRTEngine:
         if self._context is None:
             raise EngineError("engine not loaded: call load() first")
 
+    def _graphs_on(self) -> bool:
+        return self.options.get("cuda_graph", "0") == "1"
+
     def warmup(self, inputs: Arrays, iterations: int) -> None:
         for _ in range(iterations):
             self.infer(inputs)
@@ -362,15 +495,37 @@ class TensorRTEngine:
         arrays = dict(
             zip((s.name for s in self._inputs), check_inputs(self._inputs, inputs), strict=True)
         )
-        shapes = {name: tuple(a.shape) for name, a in arrays.items()}
+        self._set_shapes({name: tuple(a.shape) for name, a in arrays.items()})
+        # host work first, so the start event below times the copies and not numpy
+        for name, array in arrays.items():
+            self._buffers[name].view(array.shape)[...] = array
+        graph = self._graph(cudart) if self._graphs_on() else None
+        self._timed_run(cudart, arrays, graph)
+        return {
+            name: self._buffers[name].view(shape).copy() for name, shape in self._out_shapes.items()
+        }
+
+    def _set_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Select the profile and set the input shapes, only when they change."""
         try:
-            self._select(trt_profiles.select_profile(self._profiles, shapes))
+            profile = trt_profiles.select_profile(self._profiles, shapes)
         except ValueError as exc:
             raise ValueError(f"{exc}; the engine was built for {self._info['profiles']}") from None
+        state: State = (profile, tuple(sorted(shapes.items())))
+        if state == self._state:
+            return
+        self._state = None  # until every shape is accepted
+        self._update_pending = True
+        self._select(profile)
         for name, shape in shapes.items():
             if not self._context.set_input_shape(name, shape):
                 raise ValueError(f"TensorRT refused input shape {shape} for {name}")
-        out_shapes = {s.name: tuple(self._context.get_tensor_shape(s.name)) for s in self._outputs}
+        self._out_shapes = {
+            s.name: tuple(self._context.get_tensor_shape(s.name)) for s in self._outputs
+        }
+        self._state = state
+
+    def _timed_run(self, cudart: Any, arrays: Mapping[str, npt.NDArray[Any]], graph: Any) -> None:
         h2d, d2h = (
             cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
             cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost,
@@ -379,12 +534,14 @@ class TensorRTEngine:
         _check(cudart.cudaEventRecord(ev[0], stream))
         for name, array in arrays.items():
             buffer = self._buffers[name]
-            buffer.view(array.shape)[...] = array
             _check(cudart.cudaMemcpyAsync(buffer.device, buffer.host, array.nbytes, h2d, stream))
         _check(cudart.cudaEventRecord(ev[1], stream))
-        self._enqueue(cudart, shapes)
+        if graph is None:
+            self._plain_enqueue()
+        else:
+            _check(cudart.cudaGraphLaunch(graph, stream))
         _check(cudart.cudaEventRecord(ev[2], stream))
-        for name, shape in out_shapes.items():
+        for name, shape in self._out_shapes.items():
             buffer = self._buffers[name]
             nbytes = int(np.prod(shape)) * buffer.dtype.itemsize
             _check(cudart.cudaMemcpyAsync(buffer.host, buffer.device, nbytes, d2h, stream))
@@ -394,22 +551,27 @@ class TensorRTEngine:
         self._last = {
             k: _check(cudart.cudaEventElapsedTime(ev[i], ev[i + 1])) / 1e3 for k, i in parts
         }
-        return {name: self._buffers[name].view(shape).copy() for name, shape in out_shapes.items()}
 
-    def _enqueue(self, cudart: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        if self.options.get("cuda_graph", "0") != "1":
-            if not self._context.execute_async_v3(int(self._stream)):
-                raise EngineError("TensorRT execute_async_v3 failed")
-            return
-        key = (self._active_profile, tuple(sorted(shapes.items())))
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(cudart)
-        _check(cudart.cudaGraphLaunch(self._graphs[key], self._stream))
-
-    def _capture(self, cudart: Any) -> Any:
-        """As trtexec does: one plain enqueue first, so setup work is not captured."""
+    def _plain_enqueue(self) -> None:
         if not self._context.execute_async_v3(int(self._stream)):
             raise EngineError("TensorRT execute_async_v3 failed")
+        self._update_pending = False
+
+    def _graph(self, cudart: Any) -> Any:
+        """The executable graph for the context's state, captured on first use. TensorRT
+        applies a profile or shape change at the next enqueue, and a graph replay is not
+        one: a plain enqueue first brings the context's internal state to these shapes."""
+        if self._update_pending:
+            self._plain_enqueue()
+            self._flushes += 1
+        assert self._state is not None  # _set_shapes ran
+        if self._state not in self._graphs:
+            self._graphs[self._state] = self._capture(cudart)
+        return self._graphs[self._state]
+
+    def _capture(self, cudart: Any) -> Any:
+        """Capture one enqueue, after the plain one (as trtexec does, so that TensorRT's
+        setup work is not captured), on a synchronized stream."""
         _check(cudart.cudaStreamSynchronize(self._stream))
         mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
         _check(cudart.cudaStreamBeginCapture(self._stream, mode))
@@ -424,16 +586,18 @@ class TensorRTEngine:
     # -- report and release --------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        version = installed_version("tensorrt", "tensorrt-cu12", "tensorrt-cu13")
         info: dict[str, Any] = {
             "engine": self.name,
-            "version": version or "not installed",
+            "version": installed_tensorrt() or "not installed",
             "device": self.config.device,
             "requested": dict(self.options),
             "model": {"path": str(self.config.model)},
         }
         if self._info:
             info["effective"] = dict(self._info)
+            if self._graphs_on():
+                info["effective"]["cuda_graph_captures"] = len(self._graphs)
+                info["effective"]["cuda_graph_flushes"] = self._flushes
         return info
 
     def close(self) -> None:
@@ -454,3 +618,9 @@ class TensorRTEngine:
             self._stream = None
         self._context = self._engine = None
         self._active_profile = -1
+        self._state = None
+        self._update_pending = True
+
+
+def _major(version: str) -> int:
+    return int(version.split(".", maxsplit=1)[0])

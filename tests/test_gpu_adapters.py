@@ -134,7 +134,8 @@ def test_fp16_is_a_builder_flag_on_tensorrt_10_and_refused_on_11():
     assert plan.workspace_bytes == 512 * 2**20
     assert build_plan({}, 11).strongly_typed
     assert build_plan({}, 11).builder_flags == ()
-    with pytest.raises(ValueError, match="TensorRT 11 removed the FP16 builder flag"):
+    assert build_plan({}, 11).cleared_flags == ("TF32",)  # fp32 is fp32, not TF32
+    with pytest.raises(ValueError, match="TensorRT 11 has no FP16 builder flag"):
         build_plan({"precision": "fp16"}, 11)
 
 
@@ -143,6 +144,7 @@ def test_fp16_is_a_builder_flag_on_tensorrt_10_and_refused_on_11():
     [
         ({"precision": "int8"}, "precision must be fp32 or fp16"),
         ({"cuda_graph": "yes"}, "cuda_graph must be 0 or 1"),
+        ({"tf32": "on"}, "tf32 must be 0 or 1"),
         ({"optimization_level": "6"}, r"optimization_level must be an integer in \[0, 5\]"),
         ({"profiles": "batch=2:1:4"}, "min <= opt <= max"),
         ({"dims": "sequence=0"}, "NAME=N with N >= 1"),
@@ -312,7 +314,7 @@ def test_gpu_only_engines_cells_skip_with_the_reason(tmp_path):
 # -- precisions each engine declares ---------------------------------------------------------
 
 
-def test_each_engine_says_how_it_runs_a_precision_or_why_not():
+def test_each_engine_says_how_it_runs_a_precision_or_why_not(monkeypatch):
     from engines.onnxruntime import OnnxRuntimeEngine  # noqa: PLC0415
     from engines.tensorrt_llm import TensorRTLLMEngine  # noqa: PLC0415
     from engines.torch import TorchEngine  # noqa: PLC0415
@@ -322,6 +324,15 @@ def test_each_engine_says_how_it_runs_a_precision_or_why_not():
     assert OnnxRuntimeEngine.precision_options("fp16", "cuda") == {"convert": "fp16"}
     assert OnnxRuntimeEngine.precision_options("fp32", "cpu") == {}
     assert TorchEngine.precision_options("bf16", "cpu") == {"dtype": "bfloat16"}
+    # fp16 is TensorRT 10's builder flag; TensorRT 11 has none, read from package metadata
+    monkeypatch.setattr("engines.tensorrt.installed_tensorrt", lambda: "10.16.1.11")
+    assert TensorRTEngine.precision_options("fp16", "cuda") == {"precision": "fp16"}
+    monkeypatch.setattr("engines.tensorrt.installed_tensorrt", lambda: "11.4.0.106")
+    with pytest.raises(ValueError, match=r"TensorRT 11\.4\.0\.106 has no FP16 builder flag"):
+        TensorRTEngine.precision_options("fp16", "cuda")
+    assert TensorRTEngine.precision_options("fp32", "cuda") == {"precision": "fp32"}
+    # not installed: the cell skips later with the probe's "tensorrt is not installed"
+    monkeypatch.setattr("engines.tensorrt.installed_tensorrt", lambda: None)
     assert TensorRTEngine.precision_options("fp16", "cuda") == {"precision": "fp16"}
     assert VllmEngine.precision_options("bf16", "cpu") == {"dtype": "bfloat16"}
     assert TensorRTLLMEngine.precision_options("fp16", "cuda") == {"dtype": "float16"}
