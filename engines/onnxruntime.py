@@ -2,7 +2,8 @@
 
 ORT falls back to the CPU provider without an error when a requested provider cannot
 be created; this adapter checks the providers the session actually activated and fails
-the load rather than report CPU numbers as GPU numbers.
+the load rather than report CPU numbers as GPU numbers. Before a GPU session it makes the
+CUDA (and TensorRT) libraries the provider links loadable, and names what is missing.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import importlib.util
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import psutil
 
+from engines import ort_gpu
 from harness.config import cache_root
 from harness.engine import (
     Arrays,
@@ -35,8 +38,8 @@ if TYPE_CHECKING:
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
+    "cuda": ort_gpu.CUDA_PROVIDER,
+    "tensorrt": ort_gpu.TENSORRT_PROVIDER,
 }
 
 OPT_LEVELS = {
@@ -80,6 +83,12 @@ _DTYPES = {
     "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
+
+# The run option that selects a CUDA graph; -1 is ORT's kCudaGraphAnnotationSkip: neither
+# capture nor replay in that run. ORT reserves 0 (its default when the option is absent)
+# for itself, so the adapter's graphs are numbered from 1.
+GRAPH_ID = "gpu_graph_id"
+GRAPH_SKIP = "-1"
 
 
 def _provider_for(device: str, options: Mapping[str, str]) -> str:
@@ -143,6 +152,26 @@ def _validate_derived(options: Mapping[str, str]) -> None:
             raise ValueError("trt_profiles: onnxruntime's TensorRT provider takes one profile")
 
 
+def _graph_options(graph_id: str) -> Any:
+    import onnxruntime  # noqa: PLC0415
+
+    options = onnxruntime.RunOptions()
+    options.add_run_config_entry(GRAPH_ID, graph_id)
+    return options
+
+
+@dataclass(frozen=True)
+class _GraphSlot:
+    """One input shape's CUDA graph: its binding, the device buffers bound to it (fixed
+    addresses, refilled in place) and the run options naming its graph."""
+
+    binding: Any
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    graph_id: int
+    run_options: Any
+
+
 class OnnxRuntimeEngine:
     name: ClassVar[str] = "onnxruntime"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -156,9 +185,10 @@ class OnnxRuntimeEngine:
         self._threads: dict[str, int] = {}
         self._spinning = False
         self._opt_level = config.options.get("graph_optimization", "all")
-        self._graphs: dict[Any, tuple[Any, ...]] = {}
+        self._graphs: dict[Any, _GraphSlot] = {}
         self._loaded_model: Path | None = None
         self._int8_prep: list[str] = []
+        self._preload: list[str] | None = None  # what ORT's preload_dlls printed
 
     @classmethod
     def probe(cls, device: str) -> Availability:
@@ -168,18 +198,10 @@ class OnnxRuntimeEngine:
             )
         import onnxruntime  # noqa: PLC0415  (lazy: importing the adapter must not need ORT)
 
-        kind = device.split(":", 1)[0]
-        available = onnxruntime.get_available_providers()
-        if kind == "cpu":
+        if device.split(":", 1)[0] == "cpu":
             return Availability(True)
-        if PROVIDERS["cuda"] not in available:
-            return Availability(
-                False,
-                f"onnxruntime {onnxruntime.__version__} has no CUDAExecutionProvider"
-                f" (providers: {', '.join(available)});"
-                " install onnxruntime-gpu on a machine with an NVIDIA GPU",
-            )
-        return Availability(True)
+        reason = ort_gpu.cuda_unavailable(onnxruntime, ort_gpu.driver_cuda_version())
+        return Availability(reason is None, reason or "")
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
@@ -284,10 +306,18 @@ class OnnxRuntimeEngine:
             )
         except ValueError as exc:
             raise EngineError(str(exc)) from exc
+        if wanted != PROVIDERS["cpu"]:
+            self._preload = ort_gpu.prepare_gpu_libraries(onnxruntime, wanted)
         try:
             self._loaded_model = self._derived_model()
+            # enable_fallback=0: a provider that fails to register (the TensorRT provider
+            # without TensorRT) raises instead of Python's retry with the CUDA provider on
+            # its default options (InferenceSession reads only the **kwargs it knows)
             session = onnxruntime.InferenceSession(
-                str(self._loaded_model), sess_options=self._session_options(), providers=providers
+                str(self._loaded_model),
+                sess_options=self._session_options(),
+                providers=providers,
+                enable_fallback=0,
             )
         except Exception as exc:
             raise EngineError(f"onnxruntime could not load {self.config.model}: {exc}") from exc
@@ -336,7 +366,9 @@ class OnnxRuntimeEngine:
     def _device_index(self) -> int:
         return int(self.config.device.partition(":")[2] or 0)
 
-    def _bound(self, inputs: Arrays, names: list[str]) -> dict[str, npt.NDArray[Any]]:
+    def _bound(
+        self, inputs: Arrays, names: list[str], run_options: Any = None
+    ) -> dict[str, npt.NDArray[Any]]:
         """IOBinding: inputs copied to the device explicitly, outputs left there by ORT and
         copied back at the end, so no copy happens unseen inside ``run``."""
         from onnxruntime import OrtValue  # noqa: PLC0415
@@ -347,30 +379,34 @@ class OnnxRuntimeEngine:
             binding.bind_ortvalue_input(name, OrtValue.ortvalue_from_numpy(array, "cuda", index))
         for name in names:
             binding.bind_output(name, "cuda", index)
-        self.session.run_with_iobinding(binding)
+        if run_options is None:
+            self.session.run_with_iobinding(binding)
+        else:
+            self.session.run_with_iobinding(binding, run_options)
         return dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
 
     def _replay(self, inputs: Arrays, names: list[str]) -> dict[str, npt.NDArray[Any]]:
         """CUDA graphs need the same device addresses every run: one set of input and
-        output buffers and one ``gpu_graph_id`` per input shape, captured on first use."""
-        import onnxruntime  # noqa: PLC0415
-
+        output buffers and one ``gpu_graph_id`` per input shape. ORT captures a graph id's
+        graph in the first run that names it and replays it in every later one."""
         key = tuple((n, a.shape, a.dtype.str) for n, a in sorted(inputs.items()))
         if key not in self._graphs:
             self._graphs[key] = self._graph_slot(inputs, names, len(self._graphs) + 1)
-        binding, in_values, out_values, graph_id = self._graphs[key]
+        slot = self._graphs[key]
         for name, array in inputs.items():
-            in_values[name].update_inplace(np.ascontiguousarray(array))
-        run_options = onnxruntime.RunOptions()
-        run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
-        self.session.run_with_iobinding(binding, run_options)
-        return {name: out_values[name].numpy() for name in names}
+            slot.inputs[name].update_inplace(np.ascontiguousarray(array))
+        self.session.run_with_iobinding(slot.binding, slot.run_options)
+        return {name: slot.outputs[name].numpy() for name in names}
 
-    def _graph_slot(self, inputs: Arrays, names: list[str], graph_id: int) -> tuple[Any, ...]:
+    def _graph_slot(self, inputs: Arrays, names: list[str], graph_id: int) -> _GraphSlot:
+        """Buffers for a new input shape. The run that finds the output shapes must neither
+        capture nor replay (gpu_graph_id -1): without run options ORT would capture graph 0
+        on its throwaway buffers there, and replay that graph, stale shapes and freed
+        buffers, in the next shape's probe."""
         from onnxruntime import OrtValue  # noqa: PLC0415
 
         index = self._device_index()
-        shapes = self._bound(inputs, names)  # output shapes for this input shape
+        shapes = self._bound(inputs, names, _graph_options(GRAPH_SKIP))
         in_values = {n: OrtValue.ortvalue_from_numpy(a, "cuda", index) for n, a in inputs.items()}
         out_values = {
             n: OrtValue.ortvalue_from_shape_and_type(a.shape, a.dtype, "cuda", index)
@@ -381,7 +417,7 @@ class OnnxRuntimeEngine:
             binding.bind_ortvalue_input(name, value)
         for name, value in out_values.items():
             binding.bind_ortvalue_output(name, value)
-        return binding, in_values, out_values, graph_id
+        return _GraphSlot(binding, in_values, out_values, graph_id, _graph_options(str(graph_id)))
 
     def _trt_cache(self) -> Path:
         return Path(self.config.options.get("trt_cache_dir") or cache_root() / "ort-trt")
@@ -401,26 +437,39 @@ class OnnxRuntimeEngine:
             "model": {"path": str(self.config.model), "sha256": _sha256(self.config.model)},
         }
         if self._session is not None:
-            info["effective"] = {
-                "model_loaded": str(self._loaded_model),
-                "precision": {
-                    "quantize": "dynamic int8 (weights int8, activations uint8)",
-                    "convert": "fp16 (io kept fp32)",
-                }.get(
-                    next((k for k in ("quantize", "convert") if k in self.config.options), ""),
-                    "as the model",
-                ),
-                "providers": self._session.get_providers(),
-                **({"int8_prepared_for": self._int8_prep} if self._int8_prep else {}),
-                "threads": dict(self._threads),
-                "allow_spinning": self._spinning,
-                "graph_optimization": self._opt_level,
-            }
+            info["effective"] = self._effective(onnxruntime, self._session)
             info["active_providers"] = self._session.get_providers()
             info["provider_options"] = _strs(self._session.get_provider_options())
             info["inputs"] = [_spec_json(s) for s in self.input_specs()]
             info["outputs"] = [_spec_json(s) for s in self.output_specs()]
         return info
+
+    def _effective(self, ort: Any, session: Any) -> dict[str, Any]:
+        """The settings the loaded session runs with, as the session reports them."""
+        provider = session.get_providers()[0]
+        effective: dict[str, Any] = {
+            "model_loaded": str(self._loaded_model),
+            "precision": {
+                "quantize": "dynamic int8 (weights int8, activations uint8)",
+                "convert": "fp16 (io kept fp32)",
+            }.get(
+                next((k for k in ("quantize", "convert") if k in self.config.options), ""),
+                "as the model",
+            ),
+            "providers": session.get_providers(),
+            **({"int8_prepared_for": self._int8_prep} if self._int8_prep else {}),
+            "threads": dict(self._threads),
+            "allow_spinning": self._spinning,
+            "graph_optimization": self._opt_level,
+            # comparable across engines: may fp32 matmuls and convolutions run as TF32
+            "tf32": ort_gpu.effective_tf32(provider, session.get_provider_options()),
+        }
+        if provider == PROVIDERS["tensorrt"]:
+            effective["tf32_source"] = "TensorRT's builder default (ORT has no option for it)"
+        if provider != PROVIDERS["cpu"]:
+            trt = provider == PROVIDERS["tensorrt"]
+            effective["cuda_libraries"] = ort_gpu.cuda_libraries_record(ort, trt, self._preload)
+        return effective
 
     def close(self) -> None:
         self._graphs.clear()
