@@ -11,6 +11,10 @@ replays it. On a GPU each ``infer`` copies inputs to the device, runs, and copie
 outputs back with a synchronizing ``.cpu()``: the host clock around ``infer`` sees the
 whole request, and CUDA events split it into ``h2d``, ``compute`` and ``d2h`` device
 times (``device_times()``, for the last call).
+
+float32 on cuda is IEEE fp32, as on the other engines: torch lets cuDNN convolutions use
+TF32 by default, so the adapter turns TF32 off while a float32 engine is loaded and
+records the flags in ``describe()`` (``effective.tf32``).
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 OPTIONS = {
     "mode": f"{' | '.join(MODES)} (cudagraphs: cuda only; default eager)",
     "compile_mode": f"torch.compile mode: {' | '.join(COMPILE_MODES)} (default: default)",
-    "dtype": f"compute dtype of weights and float inputs: {' | '.join(DTYPES)} (default float32)",
+    "dtype": f"compute dtype of weights and float inputs: {' | '.join(DTYPES)} (default"
+    " float32: on cuda IEEE fp32, TF32 off for matmuls and cuDNN convolutions)",
     "threads": "torch.set_num_threads on cpu (default: physical cores)",
 }
 
@@ -66,6 +71,87 @@ def effective_options(options: Mapping[str, str], device: str) -> dict[str, Any]
     }
 
 
+def strict_fp32(backends: Any) -> dict[str, Any]:
+    """Make float32 cuBLAS matmuls and cuDNN convolutions true IEEE fp32, not TF32, so fp32
+    means the same here as on the other engines; returns the settings replaced, for
+    ``restore_fp32``. ``backends`` is ``torch.backends``; the flags are process-wide.
+
+    torch 2.13 checks its legacy ``allow_tf32`` flags against the newer ``fp32_precision``
+    ones and raises where they disagree (inductor reads ``cudnn.allow_tf32``), so both are
+    set: the legacy ones first, then ``ieee`` for conv and RNN, explicitly, so a global
+    ``torch.backends.fp32_precision = "tf32"`` does not reach them through ``none``."""
+    saved = _fp32_settings(backends)
+    backends.cuda.matmul.allow_tf32 = False  # also sets cuda.matmul.fp32_precision "ieee"
+    backends.cudnn.allow_tf32 = False
+    backends.cudnn.conv.fp32_precision = "ieee"
+    backends.cudnn.rnn.fp32_precision = "ieee"
+    return saved
+
+
+def _fp32_settings(backends: Any) -> dict[str, Any]:
+    return {
+        "legacy_matmul": _legacy_flag(backends.cuda.matmul),
+        "legacy_cudnn": _legacy_flag(backends.cudnn),
+        "matmul": backends.cuda.matmul.fp32_precision,
+        "conv": backends.cudnn.conv.fp32_precision,
+        "rnn": backends.cudnn.rnn.fp32_precision,
+    }
+
+
+def _legacy_flag(holder: Any) -> bool | None:
+    try:
+        return bool(holder.allow_tf32)
+    except RuntimeError:  # the process mixed the two APIs; torch will not say
+        return None
+
+
+def restore_fp32(backends: Any, saved: Mapping[str, Any]) -> None:
+    """Put back what ``strict_fp32`` replaced: the legacy flags (which reset the newer
+    ones), then the newer ones as they were."""
+    for holder, key in ((backends.cuda.matmul, "legacy_matmul"), (backends.cudnn, "legacy_cudnn")):
+        if saved[key] is not None:
+            holder.allow_tf32 = saved[key]
+    backends.cuda.matmul.fp32_precision = saved["matmul"]
+    backends.cudnn.conv.fp32_precision = saved["conv"]
+    backends.cudnn.rnn.fp32_precision = saved["rnn"]
+
+
+def tf32_flags(backends: Any) -> dict[str, bool]:
+    """Whether float32 matmuls and cuDNN convolutions may use TF32, resolved as torch does
+    it: an op's ``none`` defers to the cuda backend's setting, then to the global one."""
+
+    def allowed(op: str) -> bool:
+        chain = (op, backends.cudnn.fp32_precision, backends.fp32_precision)
+        return next((p for p in chain if p != "none"), "ieee") == "tf32"
+
+    return {
+        "matmul": allowed(backends.cuda.matmul.fp32_precision),
+        "cudnn": allowed(backends.cudnn.conv.fp32_precision),
+    }
+
+
+class _StrictFp32:
+    """The TF32 flags are process-wide and engines may overlap (a reference run beside
+    the one measured), so the first fp32 cuda engine saves them and the last to close
+    puts them back."""
+
+    holders = 0
+    saved: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def hold(cls, backends: Any) -> None:
+        saved = strict_fp32(backends)
+        if cls.holders == 0:
+            cls.saved = saved
+        cls.holders += 1
+
+    @classmethod
+    def release(cls, backends: Any) -> None:
+        cls.holders -= 1
+        if cls.holders == 0:
+            restore_fp32(backends, cls.saved)
+
+
 class TorchEngine:
     name: ClassVar[str] = "torch"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -82,6 +168,7 @@ class TorchEngine:
         self._outputs: tuple[TensorSpec, ...] = ()
         self._graphs: dict[Any, Any] = {}
         self._last: dict[str, float] = {}
+        self._strict_fp32 = False
 
     @classmethod
     def probe(cls, device: str) -> Availability:
@@ -136,6 +223,9 @@ class TorchEngine:
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineError(f"torch could not load {path}: {exc}") from exc
         dtype = getattr(torch, self.settings["dtype"])
+        if self._cuda() and dtype == torch.float32 and not self._strict_fp32:
+            _StrictFp32.hold(torch.backends)
+            self._strict_fp32 = True
         self._module = _eval(module.to(device=self._device(), dtype=dtype))
         if hasattr(self._module, "float_dtype"):
             self._module.float_dtype = dtype
@@ -144,15 +234,21 @@ class TorchEngine:
             self._runner = torch.compile(self._module, mode=self.settings["compile_mode"])
 
     def _device(self) -> str:
-        return self.config.device if self.config.device.startswith("cuda") else "cpu"
+        return self.config.device if self._cuda() else "cpu"
+
+    def _cuda(self) -> bool:
+        return self.config.device.startswith("cuda")
 
     def close(self) -> None:
         self._module = self._runner = None
         self._graphs.clear()
-        if self.config.device.startswith("cuda") and importlib.util.find_spec("torch"):
+        if self._cuda() and importlib.util.find_spec("torch"):
             import torch  # noqa: PLC0415
 
             torch.cuda.empty_cache()
+            if self._strict_fp32:
+                _StrictFp32.release(torch.backends)
+                self._strict_fp32 = False
 
     def describe(self) -> dict[str, Any]:
         import torch  # noqa: PLC0415
@@ -170,8 +266,10 @@ class TorchEngine:
                 "cuda": torch.version.cuda,
                 "captured_graphs": len(self._graphs),
             }
-            if self.config.device.startswith("cuda"):
+            if self._cuda():
                 info["gpu"] = torch.cuda.get_device_name(self._device())
+                # what fp32 matmuls and convolutions ran as (TF32 or IEEE), this run
+                info["effective"]["tf32"] = tf32_flags(torch.backends)
         return info
 
     # -- tensors ------------------------------------------------------------------------------
