@@ -1,13 +1,23 @@
-"""LMDeploy: ``lmdeploy.pipeline`` with the TurboMind (default) or PyTorch engine,
-streamed through its async ``generate`` with raw prompts (``do_preprocess=False``: no
-chat template) or token ids.
+"""LMDeploy: an ``AsyncEngine`` with the TurboMind (default) or PyTorch backend, driven on
+the harness's own event loop and streaming raw prompts (``do_preprocess=False``: no chat
+template) or token ids.
+
+Why not ``lmdeploy.pipeline``: since 0.16 its ``Pipeline`` starts the engine on a private
+event-loop thread and its async ``generate`` is deprecated; awaited from another loop,
+the PyTorch engine finds its main task bound to a foreign loop and answers
+ENGINE_STOP_ERROR. Here ``AsyncEngine.start_loop`` runs on the caller's running loop (as
+lmdeploy's own api_server does) and each request is ``preprocess`` then
+``generate(request, stream_response=True)``: the API that 0.16 introduced, hence the
+extra's ``lmdeploy>=0.16``.
 
 Explicit settings: ``max_batch_size`` (LMDeploy picks one otherwise),
 ``cache_max_entry_count`` (share of free GPU memory for the KV cache) and prefix caching
 off unless a workload studies it. Each streamed output carries only the new tokens
 (``token_ids`` and ``response`` are deltas) while ``generate_token_len`` is the running
-count, which the chunks pass on as the engine's own count. LMDeploy runs on NVIDIA GPUs
-(and some other accelerators) only; there is no CPU engine.
+count, which the chunks pass on as the engine's own count. A failed request raises
+lmdeploy's ``RequestError`` (since 0.16; before, it yielded ``finish_reason="error"``),
+which becomes the harness's. LMDeploy runs on NVIDIA GPUs (and some other accelerators)
+only; there is no CPU engine.
 """
 
 from __future__ import annotations
@@ -15,8 +25,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import itertools
+import logging
 from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
 from typing import Any, ClassVar
+
+from packaging.version import Version
 
 from harness.engine import (
     Availability,
@@ -29,9 +43,12 @@ from harness.engine import (
     GenerationRequest,
     RequestError,
     installed_version,
+    is_fatal,
     reject_unknown_options,
 )
 
+MIN_VERSION = "0.16"
+"""The first release with ``AsyncEngine.preprocess`` and a raised ``RequestError``."""
 BACKENDS = ("turbomind", "pytorch")
 DEFAULTS = {
     "backend": "turbomind",
@@ -48,6 +65,9 @@ OPTIONS = {
     "session_len": "context length (default: the model's)",
     "tp": "GPUs for tensor parallelism (default 1)",
 }
+_FAILED = ("error", "abort")
+"""Finish reasons of a request the engine did not complete: ``error`` is how releases
+before 0.16 reported a failure; ``abort`` is an engine-side cancel or a dropped session."""
 
 
 def engine_config(options: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
@@ -98,6 +118,28 @@ def to_chunk(out: Any) -> Chunk:
     )
 
 
+def checked_chunk(out: Any) -> Chunk:
+    """``to_chunk``, or the harness's ``RequestError`` for an output that ends a failed
+    request."""
+    reason = getattr(out, "finish_reason", None)
+    if reason in _FAILED:
+        raise RequestError(
+            f"lmdeploy ended the request with {reason}: {getattr(out, 'response', '')}"
+        )
+    return to_chunk(out)
+
+
+def request_failure(exc: BaseException) -> Exception:
+    """What lmdeploy's ``RequestError`` means to the harness: one failed request, unless an
+    engine fault lies beneath it (its ``safe_run`` wraps any exception as INTERNAL_ERROR);
+    that one stays fatal, so the cell is recorded as crashed instead of counting on."""
+    cause = exc.__cause__
+    if cause is not None and is_fatal(cause):
+        return EngineError(f"lmdeploy's engine failed: {type(cause).__name__}: {cause}")
+    code = getattr(getattr(exc, "code", None), "value", None) or "unknown"
+    return RequestError(f"lmdeploy failed the request ({code}): {exc}")
+
+
 class LMDeployEngine:
     name: ClassVar[str] = "lmdeploy"
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -110,7 +152,7 @@ class LMDeployEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.validate_options(config.options)
         self.config = config
-        self._pipe: Any = None
+        self._engine: Any = None
         self._sessions = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -119,7 +161,15 @@ class LMDeployEngine:
         if importlib.util.find_spec("lmdeploy") is None:
             return Availability(
                 False,
-                "lmdeploy is not installed (pip install lmdeploy, on a machine with an NVIDIA GPU)",
+                f"lmdeploy is not installed (pip install 'lmdeploy>={MIN_VERSION}',"
+                " on a machine with an NVIDIA GPU)",
+            )
+        installed = installed_version("lmdeploy")
+        if installed is not None and Version(installed) < Version(MIN_VERSION):
+            return Availability(
+                False,
+                f"lmdeploy {installed} predates the AsyncEngine.preprocess/generate API this"
+                f" adapter drives (pip install 'lmdeploy>={MIN_VERSION}')",
             )
         import torch  # noqa: PLC0415  (lmdeploy depends on it)
 
@@ -147,12 +197,19 @@ class LMDeployEngine:
             raise ValueError("enable_prefix_caching must be 0 or 1")
 
     def load(self) -> None:
-        import lmdeploy  # noqa: PLC0415
+        from lmdeploy import messages  # noqa: PLC0415
+        from lmdeploy.serve.core import AsyncEngine  # noqa: PLC0415
 
+        # lmdeploy's logger starts at INFO and logs every request to stdout; Pipeline set
+        # WARNING, and so must we, or the log lines would be measured with the requests
+        logging.getLogger("lmdeploy").setLevel(logging.WARNING)
         cls_name, kwargs = engine_config(self.config.options)
-        backend_config = getattr(lmdeploy, cls_name)(**kwargs)
+        backend_config = getattr(messages, cls_name)(**kwargs)
+        backend = self.config.options.get("backend", DEFAULTS["backend"])
         try:
-            self._pipe = lmdeploy.pipeline(str(self.config.model), backend_config=backend_config)
+            self._engine = AsyncEngine(
+                model_path=str(self.config.model), backend=backend, backend_config=backend_config
+            )
         except Exception as exc:
             raise EngineError(f"LMDeploy could not load {self.config.model}: {exc}") from exc
 
@@ -165,52 +222,48 @@ class LMDeployEngine:
             "device": self.config.device,
             "requested": {"config": cls_name} | kwargs,
         }
-        if self._pipe is not None:
-            cfg = getattr(self._pipe, "backend_config", None)
-            info["effective"] = {"config": type(cfg).__name__} | {
-                key: getattr(cfg, key, None) for key in (*kwargs, "session_len")
-            }
+        if self._engine is not None:
+            cfg = getattr(self._engine, "backend_config", None)
+            info["effective"] = {
+                "backend": getattr(self._engine, "backend", None),
+                "config": type(cfg).__name__,
+            } | {key: getattr(cfg, key, None) for key in (*kwargs, "session_len")}
         return info
 
     def _bind_loop(self) -> None:
-        """LMDeploy's engine serves one event loop; bind it to the caller's on first use."""
+        """The engine's request queues (and the PyTorch backend's main task) live on one
+        event loop: start them on the caller's running loop, on first use."""
         loop = asyncio.get_running_loop()
         if self._loop is loop:
             return
         if self._loop is not None:
             raise EngineError("lmdeploy is bound to another event loop; use one loop per engine")
-        start = getattr(self._pipe, "start_loop", None)
-        if start is not None:
-            try:
-                start(loop, use_async_api=True)
-            except TypeError:  # releases before the Pipeline refactor take no loop
-                start(use_async_api=True)
+        self._engine.start_loop(loop, use_async_api=True)
         self._loop = loop
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
-        if self._pipe is None:
+        if self._engine is None:
             raise EngineError("engine not loaded: call load() first")
-        from lmdeploy import GenerationConfig  # noqa: PLC0415
+        from lmdeploy.messages import GenerationConfig  # noqa: PLC0415
+        from lmdeploy.serve.core import RequestError as LMDeployRequestError  # noqa: PLC0415
 
         self._bind_loop()
-        stream = self._pipe.generate(
-            **prompt_arguments(request.prompt),
-            session_id=next(self._sessions),
-            gen_config=GenerationConfig(**generation_kwargs(request)),
-            stream_response=True,
-            sequence_start=True,
-            sequence_end=True,
-            do_preprocess=False,
-        )
-        async for out in stream:
-            if getattr(out, "finish_reason", None) == "error":
-                raise RequestError(f"lmdeploy failed the request: {getattr(out, 'response', '')}")
-            yield to_chunk(out)
+        try:
+            prepared = await self._engine.preprocess(
+                **prompt_arguments(request.prompt),
+                session_id=next(self._sessions),
+                gen_config=GenerationConfig(**generation_kwargs(request)),
+                do_preprocess=False,
+            )
+            # aclosing: a consumer that stops early must hand the session back at once
+            stream = self._engine.generate(prepared, stream_response=True)
+            async with aclosing(stream):
+                async for out in stream:
+                    yield checked_chunk(out)
+        except LMDeployRequestError as exc:
+            raise request_failure(exc) from exc
 
     def close(self) -> None:
-        if self._pipe is not None:
-            closer = getattr(self._pipe, "close", None)
-            if closer is not None:
-                closer()
-            self._pipe = None
-        self._loop = None
+        engine, self._engine, self._loop = self._engine, None, None
+        if engine is not None:
+            engine.close()

@@ -10,11 +10,19 @@ cumulative. Each step's new tokens are its ``token_ids_diff`` (or, on versions w
 it, the tail past the previous length), read before the next ``await``. Per-request
 timings come from ``request_perf_metrics`` (``return_perf_metrics=True``), on the
 engine's steady clock.
+
+Installing it: PyPI's ``tensorrt-llm`` (1.2.1) is a 10 kB sdist whose build backend,
+``wheel-stub``, fetches the real wheel from NVIDIA's index (https://pypi.nvidia.com); its
+metadata lists Python 3.10 and 3.12 only, ``tensorrt~=10.14``, ``cuda-python>=13`` and
+``torch>=2.9.1,<=2.10.0a0``, which must be the CUDA 13.0 build (PyPI's torch 2.9.1 is
+CUDA 12.8; NVIDIA's install guide takes it from https://download.pytorch.org/whl/cu130).
+CUDA 13 needs an NVIDIA driver >= 580.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
@@ -49,6 +57,23 @@ OPTIONS = {
     "dtype": "auto, float16 or bfloat16 (default auto)",
 }
 _INTS = ("max_batch_size", "max_num_tokens", "max_seq_len", "tensor_parallel_size")
+INSTALL = (
+    "pip install tensorrt-llm --extra-index-url https://pypi.nvidia.com"
+    " --extra-index-url https://download.pytorch.org/whl/cu130"
+)
+PYTHONS = ((3, 10), (3, 12))
+"""The Pythons NVIDIA publishes tensorrt-llm wheels for (1.2.1's classifiers)."""
+
+
+def missing_reason(python: tuple[int, int]) -> str:
+    """Why tensorrt_llm is absent and what installs it, naming this Python if no wheel
+    exists for it (pip then fails inside wheel-stub, far from the cause)."""
+    wanted = " or ".join(f"{major}.{minor}" for major, minor in PYTHONS)
+    here = "" if python in PYTHONS else f" (this is Python {python[0]}.{python[1]})"
+    return (
+        f"tensorrt_llm is not installed ({INSTALL}; needs Linux, Python {wanted}{here},"
+        " an NVIDIA GPU and a CUDA 13 driver >= 580)"
+    )
 
 
 def llm_kwargs(model: str, options: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -140,11 +165,7 @@ class TensorRTLLMEngine:
     @classmethod
     def probe(cls, device: str) -> Availability:
         if importlib.util.find_spec("tensorrt_llm") is None:
-            return Availability(
-                False,
-                "tensorrt_llm is not installed (pip install tensorrt-llm, on a Linux machine"
-                " with an NVIDIA GPU; it pins its own torch)",
-            )
+            return Availability(False, missing_reason(sys.version_info[:2]))
         import torch  # noqa: PLC0415  (tensorrt_llm depends on it)
 
         if not torch.cuda.is_available():
