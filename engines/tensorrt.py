@@ -291,9 +291,10 @@ class TensorRTEngine:
         if importlib.util.find_spec("tensorrt") is None:
             return Availability(
                 False,
-                "tensorrt is not installed (pip install tensorrt-cu12 'cuda-python<13', or"
-                " tensorrt-cu13 with cuda-python 13 where the driver is >= 580, on a machine"
-                " with an NVIDIA GPU)",
+                "tensorrt is not installed (pip install 'inference-harness[tensorrt]'"
+                " --extra-index-url https://pypi.nvidia.com: tensorrt-cu12 with cuda-python 12,"
+                " driver >= 525; or tensorrt-cu13 with cuda-python 13, driver >= 580; on a"
+                " machine with an NVIDIA GPU)",
             )
         try:
             why = _why_no_gpu(_cudart())
