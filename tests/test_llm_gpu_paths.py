@@ -358,6 +358,17 @@ def test_vllm_is_eager_on_cpu_and_leaves_cuda_to_vllms_default():
     assert "on CUDA vLLM's own default, 0" in VLLM_OPTIONS["enforce_eager"]
 
 
+def test_the_harness_started_vllm_server_is_eager_on_the_cpu_build_only():
+    from engines import vllm_server  # noqa: PLC0415
+
+    cpu = vllm_server.command(Path("/m"), 8000, cpu_build=True)
+    gpu = vllm_server.command(Path("/m"), 8000, cpu_build=False)
+    assert "--enforce-eager" in cpu
+    assert "--enforce-eager" not in gpu
+    assert [a for a in cpu if a != "--enforce-eager"] == gpu
+    assert gpu[gpu.index("--host") + 1] == "127.0.0.1"
+
+
 class FakeCudaGraphMode(enum.Enum):
     FULL_AND_PIECEWISE = 3
 
