@@ -7,7 +7,7 @@
 * ``overhead``: added latency per request, harness vs a direct call, with the ``null``
   engine at a fixed service time (0 and 1 ms).
 * ``http``: the highest streamed request rate that 1, 2, 4 client processes (the
-  ``openai`` adapter, aiohttp + SSE) sharing one schedule (``harness.multiclient``:
+  ``openai`` adapter, aiohttp + SSE) sharing one schedule (``harness.load.clients``:
   client i sends requests i, i+N, ... from a common start) sustain against a no-op
   streaming server on loopback, judged on their merged run as a cell is.
 
@@ -31,17 +31,17 @@ from typing import Any
 
 import numpy as np
 
-from harness import registry, stats
-from harness.batching import NoBatching, serve_open_loop
-from harness.capacity import Point, SearchPolicy, capacity_search
-from harness.clock import MonotonicClock
-from harness.config import PROFILES, ProfileName
-from harness.engine import EngineConfig, GenerationRequest, TensorEngine
-from harness.environment import fingerprint
-from harness.loadgen import Arrivals, OpenLoop
-from harness.multiclient import Deadlines, LocalProcesses, OpenShare, SharedLoad, run_shared
-from harness.streamstats import summarize_stream
-from harness.validity import Policy, judge
+from harness.engine import EngineConfig, GenerationRequest, TensorEngine, registry
+from harness.load.arrivals import Arrivals, OpenLoop
+from harness.load.capacity import Point, SearchPolicy, capacity_search
+from harness.load.clients import Deadlines, LocalProcesses, OpenShare, SharedLoad, run_shared
+from harness.load.clock import MonotonicClock
+from harness.load.serving import NoBatching, serve_open_loop
+from harness.load.stream_summary import summarize_stream
+from harness.metrics import stats
+from harness.metrics.validity import Policy, judge
+from harness.results.environment import fingerprint
+from harness.session.config import PROFILES, ProfileName
 
 CPUS = sorted(os.sched_getaffinity(0))  # before any benchmark pins this process
 MAX_LAG_S = 0.001
@@ -361,7 +361,7 @@ def http(
     profile: str = "full",
     ladder: tuple[float, ...] = (),
 ) -> dict[str, Any]:
-    """For 1, 2, ... client processes sharing one schedule (harness.multiclient): the
+    """For 1, 2, ... client processes sharing one schedule (harness.load.clients): the
     highest total rate whose merged run is valid, and its median over repeats."""
     from benchmarks import noop_server  # noqa: PLC0415
 

@@ -21,7 +21,6 @@ import numpy.typing as npt
 import psutil
 
 from engines import ort_gpu
-from harness.config import cache_root
 from harness.engine import (
     Arrays,
     Availability,
@@ -32,6 +31,7 @@ from harness.engine import (
     TensorSpec,
     reject_unknown_options,
 )
+from harness.session.config import cache_root
 
 if TYPE_CHECKING:
     import onnxruntime

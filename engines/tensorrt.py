@@ -53,7 +53,6 @@ import numpy.typing as npt
 
 from engines import trt_profiles
 from engines.onnxinfo import read_specs
-from harness.config import cache_root
 from harness.engine import (
     DEVICE_STAGES,
     Arrays,
@@ -67,7 +66,8 @@ from harness.engine import (
     installed_version,
     reject_unknown_options,
 )
-from harness.store import replace
+from harness.results.store import replace
+from harness.session.config import cache_root
 
 OPTIONS = {
     "profiles": "optimization profiles NAME=MIN:OPT:MAX[,...][;...] (default batch=1:8:32;"

@@ -11,10 +11,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness import compare, htmlreport, recommend, registry, report, runread, runset
-from harness.engine import Availability
-from harness.records import RecordError
-from harness.runread import Damaged, skipped_lines
+from harness.engine import Availability, registry
+from harness.report import compare, htmlpage, matrix, recommend, runset
+from harness.results import reading
+from harness.results.reading import Damaged, skipped_lines
+from harness.results.records import RecordError
 
 
 def _engines(args: argparse.Namespace, console: Console) -> int:
@@ -60,7 +61,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     status = 0
     for run_dir in dirs:
         try:
-            written = report.publish_run(run_dir, skip_damaged=args.skip_damaged)
+            written = matrix.publish_run(run_dir, skip_damaged=args.skip_damaged)
         except (OSError, RecordError) as exc:
             status = _error(console, exc)
             continue
@@ -82,7 +83,7 @@ def _html(dirs: list[Path], out: Path | None, skip_damaged: bool, console: Conso
     target = out if out is not None else dirs[0]
     try:
         runs = runset.load(dirs, skip_damaged=skip_damaged)
-        written = htmlreport.write(runs, target, skip_damaged=skip_damaged)
+        written = htmlpage.write(runs, target, skip_damaged=skip_damaged)
     except (OSError, ValueError) as exc:  # RecordError is a ValueError
         return _error(console, exc)
     console.print(
@@ -118,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where the --html report goes (default: the run directory, when only one)",
     )
-    runread.add_skip_damaged(rep)
+    reading.add_skip_damaged(rep)
     rep.set_defaults(func=_report)
     compare.register(sub)
     recommend.register(sub)

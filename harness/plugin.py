@@ -17,17 +17,22 @@ from typing import Any, Protocol, cast
 
 import pytest
 
-from harness import benchbridge, raydist, registry, report, store
-from harness.cell import Cell
-from harness.config import Dist, Isolation, RunSettings, UsageError, check_writable_dir
-from harness.engine import Engine, EngineConfig, EngineError, is_fatal
-from harness.isolation import Supervisor, groups
-from harness.options import add_options, check_rootdir, settings_from
-from harness.outcome import RunExit, run_exit
-from harness.pool import EnginePool, NewEngineInstance
-from harness.records import Manifest, RecordError, Status
-from harness.redact import redact_text
-from harness.run import (
+from harness.dist import raydist
+from harness.engine import Engine, EngineConfig, EngineError, is_fatal, registry
+from harness.metrics.telemetry import Telemetry
+from harness.report import matrix
+from harness.results import store
+from harness.results.lock import RunLock
+from harness.results.records import Manifest, RecordError, Status
+from harness.results.redact import redact_text
+from harness.session import benchbridge
+from harness.session.cell import Cell
+from harness.session.config import Dist, Isolation, RunSettings, UsageError, check_writable_dir
+from harness.session.isolation import Supervisor, groups
+from harness.session.options import add_options, check_rootdir, settings_from
+from harness.session.outcome import RunExit, run_exit
+from harness.session.pool import EnginePool, NewEngineInstance
+from harness.session.state import (
     ENGINE_ARG,
     RunState,
     check_resumable,
@@ -39,9 +44,7 @@ from harness.run import (
     resume_run,
     start_run,
 )
-from harness.runlock import RunLock
-from harness.telemetry import Telemetry
-from harness.worker import (
+from harness.session.worker import (
     EventSink,
     WorkerSession,
     WorkerSpec,
@@ -191,7 +194,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     order = {name: i for i, name in enumerate(settings_of(config).engines)}
     items.sort(key=lambda item: order.get(engine_of(item) or "", -1))  # stable sort
     only = config.getoption("harness_only")
-    if only:  # a Ray node runs one cell of the driver's run (harness.remotecell)
+    if only:  # a Ray node runs one cell of the driver's run (harness.dist.remotecell)
         config.hook.pytest_deselected(items=[i for i in items if i.nodeid != only])
         items[:] = [i for i in items if i.nodeid == only]
     resume = config.stash.get(RESUME, None)
@@ -550,7 +553,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
     try:
         store.write_manifest(state.run_dir, state.finish(interrupted))
-        report.write(state.run_dir)
+        matrix.write(state.run_dir)
     except (OSError, RecordError) as exc:  # a full disk; a record damaged since it was written
         state.fatal_error = state.fatal_error or str(exc)
     finally:

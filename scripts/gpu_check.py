@@ -116,7 +116,7 @@ def _missing() -> list[str]:
 
 def engine_reports(device: str) -> dict[str, EngineReport]:
     """Every registered engine (but the null ones) with its availability on ``device``."""
-    from harness import registry  # noqa: PLC0415
+    from harness.engine import registry  # noqa: PLC0415
 
     out = {}
     for name in registry.names():
@@ -252,7 +252,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _environment(device: str, env: dict[str, str]) -> dict[str, EngineReport]:
     _say("environment fingerprint")
-    from harness.environment import fingerprint  # noqa: PLC0415
+    from harness.results.environment import fingerprint  # noqa: PLC0415
 
     print(json.dumps(fingerprint(), indent=1, default=str))
     _say(f"engines on {device}")
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     # a failed test is listed under its engine; any other non-zero exit is the run's own
     if add_conformance(reports, junit) == 0 and conformance not in (0, 5):
         failures.insert(0, f"the conformance run exited {conformance}")
-    from harness import store  # noqa: PLC0415
+    from harness.results import store  # noqa: PLC0415
 
     for run_dir in run_dirs:
         add_cells(reports, store.read_records(run_dir))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from harness.batching import (
+from harness.load.serving import (
     Dispatch,
     DynamicBatching,
     NoBatching,
@@ -11,7 +11,7 @@ from harness.batching import (
     Wait,
     serve_open_loop,
 )
-from tests.fakes import FakeClock
+from tests.support.fakes import FakeClock
 
 
 def serve(offsets, policy, service=0.0, fail_on=None):

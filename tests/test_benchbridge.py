@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from harness import records, store
-from harness.benchbridge import benchmark_of
-from harness.cell import Cell
-from harness.outcome import RunExit
-from harness.records import CellRecord, Headline, Status
-from harness.validity import Evidence, Policy
-from tests.records_factory import record
+from harness.metrics.validity import Evidence, Policy
+from harness.results import records, store
+from harness.results.records import CellRecord, Headline, Status
+from harness.session.benchbridge import benchmark_of
+from harness.session.cell import Cell
+from harness.session.outcome import RunExit
+from tests.support.records_factory import record
 
 pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parent.parent
@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.records import Headline
-from harness.validity import Evidence
+from harness.results.records import Headline
+from harness.metrics.validity import Evidence
 
 HEADLINE = [Headline(label="p50", metric="latency.p50", unit="ms", scale=1e3)]
 

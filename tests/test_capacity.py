@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.capacity import (
+from harness.load.capacity import (
     KneeRule,
     Point,
     SearchPolicy,

@@ -1,8 +1,9 @@
 import subprocess
 import sys
 
-from harness import cli, store
-from tests.records_factory import manifest, record
+from harness import cli
+from harness.results import store
+from tests.support.records_factory import manifest, record
 
 
 def test_engines_lists_registered_engines_with_availability(capsys):
@@ -64,7 +65,7 @@ def test_engines_lists_every_builtin_with_a_reason_per_device(capsys):
 
 
 def test_a_bare_source_tree_finds_the_builtin_engines(monkeypatch):
-    from harness import registry  # noqa: PLC0415
+    from harness.engine import registry  # noqa: PLC0415
 
     monkeypatch.setattr(registry, "entry_points", lambda group: [])
     names = registry.names()

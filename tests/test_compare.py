@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from harness import stats, store
-from harness.compare import (
+from harness.metrics import stats
+from harness.report.compare import (
     RESAMPLES,
     CompareError,
     Comparison,
@@ -26,8 +26,16 @@ from harness.compare import (
     register,
     statistic,
 )
-from harness.records import CellRecord, Headline, Manifest, PlannedCell, Status, ValidityInfo
-from tests import records_factory
+from harness.results import store
+from harness.results.records import (
+    CellRecord,
+    Headline,
+    Manifest,
+    PlannedCell,
+    Status,
+    ValidityInfo,
+)
+from tests.support import records_factory
 
 ENV: dict[str, Any] = {
     "cpu": {"model": "Test Xeon 8480", "logical_cores": 2, "affinity": 2},

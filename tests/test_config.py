@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import (
+from harness.results.records import Manifest
+from harness.session.config import (
     PROFILES,
     ClientsOn,
     Dist,
@@ -14,8 +15,7 @@ from harness.config import (
     parse_dist,
     parse_settings,
 )
-from harness.records import Manifest
-from harness.run import check_resumable
+from harness.session.state import check_resumable
 
 
 def settings(**kw):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engines.null import NullEngine, NullGenerativeEngine
-from harness.conformance import GenerativeConformance, Subject, TensorConformance
+from harness.engine.conformance import GenerativeConformance, Subject, TensorConformance
 
 
 class TestNull(TensorConformance):

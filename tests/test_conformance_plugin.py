@@ -64,7 +64,7 @@ class Sloppy(Doubler):
 TESTS = """
 from pathlib import Path
 import pytest
-from harness.conformance import Subject, TensorConformance
+from harness.engine.conformance import Subject, TensorConformance
 from doubler import Doubler, Sloppy
 
 

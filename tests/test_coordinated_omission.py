@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from engines.null import NullEngine, NullGenerativeEngine
-from harness import stats
-from harness.batching import NoBatching, serve_open_loop
-from harness.clock import MonotonicClock
 from harness.engine import EngineConfig, GenerationRequest
-from harness.genload import Driver
-from harness.loadgen import Arrivals, OpenLoop
-from harness.streaming import StreamMetrics
+from harness.load.arrivals import Arrivals, OpenLoop
+from harness.load.clock import MonotonicClock
+from harness.load.serving import NoBatching, serve_open_loop
+from harness.load.streamdriver import Driver
+from harness.metrics import stats
+from harness.metrics.streamtiming import StreamMetrics
 
 RATE = 100.0
 N = 400

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.records import Status
-from tests.imagefiles import write_small_corpus
-from tests.runner import run_workloads
+from harness.results.records import Status
+from tests.support.imagefiles import write_small_corpus
+from tests.support.runner import run_workloads
 from workloads import images, pipeline, preprocess
 
 dali = pytest.importorskip("nvidia.dali")

@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 
-from harness import cli, report, runlock, store
-from harness.records import RecordError, Status
-from tests.records_factory import manifest, record
+from harness import cli
+from harness.report import matrix
+from harness.results import lock, store
+from harness.results.records import RecordError, Status
+from tests.support.records_factory import manifest, record
 from tests.test_recommend import batching_run, build, served
 
 ENV = {"cpu": {"model": "Test CPU", "logical_cores": 4}, "memory_bytes": 2**34}
@@ -148,7 +150,7 @@ def test_report_on_a_read_only_file_system_is_an_error(tmp_path, capsys, monkeyp
     assert f"error: cannot write {run / 'matrix.md'}: Read-only file system" in out
     # the end-of-run report fails as a record write does: a StorageError, with the file
     with pytest.raises(store.StorageError, match=r"cannot write .*matrix\.md: Read-only"):
-        report.write(run)
+        matrix.write(run)
     code, out = main(["report", str(run), "--html", "--out", str(tmp_path / "out")], capsys)
     assert code == 2
     assert "Read-only file system" in out
@@ -210,9 +212,9 @@ def test_nan_in_a_figure_is_reported_as_nan(tmp_path):
 
 
 def test_numbers_that_are_not_finite_are_words():
-    assert report.fmt_number(float("nan")) == "nan"
-    assert report.fmt_number(float("inf")) == "inf"
-    assert report.fmt_number(float("-inf")) == "-inf"
+    assert matrix.fmt_number(float("nan")) == "nan"
+    assert matrix.fmt_number(float("inf")) == "inf"
+    assert matrix.fmt_number(float("-inf")) == "-inf"
 
 
 def _plant_dir(run: Path) -> Path:
@@ -360,7 +362,7 @@ def test_the_end_of_run_report_raises_a_record_error_naming_the_file(tmp_path):
     run = small_run(tmp_path)
     path = _plant_dir(run)
     with pytest.raises(RecordError, match=f"refused: {path}: cannot read it"):
-        report.write(run)
+        matrix.write(run)
 
 
 # --- item 3 (readers): a run whose controller was killed ------------------------------
@@ -385,11 +387,11 @@ def test_a_running_manifest_without_a_live_owner_reads_as_interrupted(tmp_path, 
 
 def test_a_running_manifest_with_a_live_owner_reads_as_running(tmp_path, capsys):
     run = small_run(tmp_path, state="running")
-    lock = runlock.acquire(run, "2026-01-01T00:00:00Z")
+    held = lock.acquire(run, "2026-01-01T00:00:00Z")
     try:
         assert main(["report", str(run)], capsys)[0] == 0
     finally:
-        lock.release()
+        held.release()
     md = (run / "matrix.md").read_text()
     assert f"**Run is running (pid {os.getpid()}): some planned cells have no record.**" in md
     assert main(["report", str(run)], capsys)[0] == 0  # the owner has gone since
@@ -397,13 +399,13 @@ def test_a_running_manifest_with_a_live_owner_reads_as_running(tmp_path, capsys)
 
 
 def test_resume_reads_refuse_a_planted_record(tmp_path):
-    from harness import runread  # noqa: PLC0415
+    from harness.results import reading  # noqa: PLC0415
 
     run = small_run(tmp_path)
     edit(cell_file(run), lambda d: d.update(run_id="elsewhere"))
-    with pytest.raises(runread.DamagedRunError, match="not of this run"):
-        runread.read_run_dir(run)
-    contents = runread.read_run_dir(run, skip_damaged=True)
+    with pytest.raises(reading.DamagedRunError, match="not of this run"):
+        reading.read_run_dir(run)
+    contents = reading.read_run_dir(run, skip_damaged=True)
     assert [r.cell_id for r in contents.records] == [CELLS[1]]
     assert [d.path for d in contents.skipped] == [cell_file(run)]
     assert contents.records[0].status is Status.OK

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.batching import NoBatching, StaticBatching, serve_open_loop
 from harness.engine import (
     Arrays,
     EngineConfig,
@@ -16,9 +15,10 @@ from harness.engine import (
     ReportsDeviceTimes,
     device_spans,
 )
-from harness.loadgen import Arrivals, OpenLoop
-from harness.servestats import summarize_trace
-from tests.fakes import FakeClock, FakeTensorEngine
+from harness.load.arrivals import Arrivals, OpenLoop
+from harness.load.serve_summary import summarize_trace
+from harness.load.serving import NoBatching, StaticBatching, serve_open_loop
+from tests.support.fakes import FakeClock, FakeTensorEngine
 from workloads.load import timed_batch
 
 POOL = [{"x": np.ones((1, 4), dtype=np.float32)}]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness import fingerprint
-from harness.environment import fingerprint as take
+from harness.results import environment
+from harness.results.environment import fingerprint as take
 
 GPU_BOX = {
     "cpu": {"model": "Xeon", "logical_cores": 32, "affinity": 32, "max_mhz": 3000.0},
@@ -23,14 +23,14 @@ GPU_BOX = {
 
 
 def test_flatten_names_nested_fields_and_list_items():
-    flat = fingerprint.flatten(GPU_BOX)
+    flat = environment.flatten(GPU_BOX)
     assert flat["cpu.model"] == "Xeon"
     assert flat["gpu.devices.1.name"] == "NVIDIA H200"
     assert flat["memory_gib"] == 256  # a few MiB of kernel noise round away
 
 
 def test_hardware_is_cpu_gpus_and_memory_only():
-    hw = fingerprint.hardware(GPU_BOX)
+    hw = environment.hardware(GPU_BOX)
     assert hw == {
         "cpu.affinity": 32,
         "cpu.logical_cores": 32,
@@ -41,8 +41,8 @@ def test_hardware_is_cpu_gpus_and_memory_only():
         "gpu.devices.1.name": "NVIDIA H200",
         "memory_gib": 256,
     }
-    assert fingerprint.hardware_label(GPU_BOX) == "Xeon x32, 2x NVIDIA H200, 256 GiB"
-    assert fingerprint.hardware_label({}) == "unknown hardware"
+    assert environment.hardware_label(GPU_BOX) == "Xeon x32, 2x NVIDIA H200, 256 GiB"
+    assert environment.hardware_label({}) == "unknown hardware"
 
 
 def test_differences_leave_out_code_and_host_and_honour_allow_patterns():
@@ -53,23 +53,23 @@ def test_differences_leave_out_code_and_host_and_honour_allow_patterns():
         "packages": {"onnxruntime": "1.21.0", "numpy": "2.0"},
         "cpu": {**GPU_BOX["cpu"], "model": "EPYC"},
     }
-    assert fingerprint.differences(GPU_BOX, other) == ["cpu.model", "packages.onnxruntime"]
-    assert fingerprint.differences(GPU_BOX, other, allow=["packages.*"]) == ["cpu.model"]
-    assert fingerprint.describe_differences(GPU_BOX, other, ["cpu.model"]) == [
+    assert environment.differences(GPU_BOX, other) == ["cpu.model", "packages.onnxruntime"]
+    assert environment.differences(GPU_BOX, other, allow=["packages.*"]) == ["cpu.model"]
+    assert environment.describe_differences(GPU_BOX, other, ["cpu.model"]) == [
         "cpu.model: 'Xeon' != 'EPYC'"
     ]
 
 
 def test_a_field_present_on_one_side_only_is_a_difference():
     fewer = {**GPU_BOX, "gpu": {"present": False, "reason": "no NVML"}}
-    diff = fingerprint.differences(GPU_BOX, fewer)
+    diff = environment.differences(GPU_BOX, fewer)
     assert "gpu.devices.0.name" in diff
     assert "gpu.present" in diff
-    line = fingerprint.describe_differences(GPU_BOX, fewer, ["gpu.devices.0.name"])[0]
+    line = environment.describe_differences(GPU_BOX, fewer, ["gpu.devices.0.name"])[0]
     assert line == "gpu.devices.0.name: 'NVIDIA H200' != '(absent)'"
 
 
 def test_this_machines_fingerprint_has_a_hardware_label():
     env = take()
-    assert fingerprint.differences(env, env) == []
-    assert "GiB" in fingerprint.hardware_label(env)
+    assert environment.differences(env, env) == []
+    assert "GiB" in environment.hardware_label(env)

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from harness.clock import MonotonicClock
 from harness.engine import Chunk, GenerationRequest
-from harness.genload import Driver
-from harness.streaming import StreamMetrics
+from harness.load.clock import MonotonicClock
+from harness.load.streamdriver import Driver
+from harness.metrics.streamtiming import StreamMetrics
 
 
 class FakeStreamingEngine:

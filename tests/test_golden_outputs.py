@@ -36,7 +36,7 @@ def _runs(root: Path) -> dict[str, list[Path]]:
     return {side: sorted((root / "golden" / side).iterdir()) for side in ("A", "B")}
 
 
-def _cli(*args: str) -> tuple[int, str]:
+def _cli(*args: str | Path) -> tuple[int, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = cli.main([str(a) for a in args])

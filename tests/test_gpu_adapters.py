@@ -19,9 +19,8 @@ from engines import tensorrt_llm as trtllm
 from engines import trt_profiles
 from engines.onnxruntime import provider_list
 from engines.tensorrt import TensorRTEngine, build_plan
-from harness import registry
-from harness.engine import EngineError, GenerationRequest, TensorSpec
-from tests.runner import run_workloads
+from harness.engine import EngineError, GenerationRequest, TensorSpec, registry
+from tests.support.runner import run_workloads
 
 GPU_ONLY = {
     "tensorrt": "tensorrt",

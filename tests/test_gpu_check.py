@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import registry
-from harness.records import Status
-from tests.records_factory import record
-from tests.runner import REPO
+from harness.engine import registry
+from harness.results.records import Status
+from tests.support.records_factory import record
+from tests.support.runner import REPO
 
 pytest.importorskip("onnxruntime")
 

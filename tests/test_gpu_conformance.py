@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.conformance import Subject, TensorConformance
+from harness.engine.conformance import Subject, TensorConformance
 
 DEVICE = os.environ.get("HARNESS_CONFORMANCE_DEVICE", "cuda")
 ON_GPU = DEVICE.startswith("cuda")
@@ -25,7 +25,7 @@ def _cnn() -> Path:
 
 
 def _subject(factory: str, **options: str) -> Subject:
-    from harness import registry  # noqa: PLC0415
+    from harness.engine import registry  # noqa: PLC0415
 
     engine = registry.load(factory)
     if not engine.capabilities.supports_device(DEVICE):

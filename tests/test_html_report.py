@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, htmlreport, runset
-from tests import report_runs
-from tests.report_runs import MACHINE, OTHER_MACHINE, write_run
+from harness import cli
+from harness.report import htmlpage, runset
+from tests.support import report_runs
+from tests.support.report_runs import MACHINE, OTHER_MACHINE, write_run
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -54,7 +55,7 @@ def test_cells_from_other_hardware_get_columns_of_their_own(tmp_path):
         "onnxruntime @ Test CPU 9000 x8, 32 GiB",
         "onnxruntime @ Other CPU 1 x4, 32 GiB",
     )
-    page, _ = htmlreport.render(runs)
+    page, _ = htmlpage.render(runs)
     assert "measured on 2 different machines" in page
 
 
@@ -68,7 +69,7 @@ def test_a_cell_measured_twice_on_one_machine_shows_the_later_run_and_says_so(tm
     assert ("onnxruntime", row.entries["onnxruntime"].record.cell_id, late.name, early.name) in (
         merged.replaced
     )
-    page, _ = htmlreport.render(runset.load([late, early]))
+    page, _ = htmlpage.render(runset.load([late, early]))
     assert f"<code>{early.name}</code> replaced" in page
 
 
@@ -78,7 +79,7 @@ def test_the_same_run_twice_is_refused(two_engines):
 
 
 def test_page_shows_statuses_not_numbers_and_escapes_engine_text(two_engines):
-    page, figures = htmlreport.render(runset.load(two_engines))
+    page, figures = htmlpage.render(runset.load(two_engines))
     # a failed cell: its status and (escaped) reason, never figures
     assert "FAILED" in page
     assert "onnxruntime &lt;b&gt;exploded&lt;/b&gt; | badly" in page
@@ -105,7 +106,7 @@ def test_page_shows_statuses_not_numbers_and_escapes_engine_text(two_engines):
 
 
 def test_page_fetches_nothing(two_engines):
-    page, _ = htmlreport.render(runset.load(two_engines))
+    page, _ = htmlpage.render(runset.load(two_engines))
     assert "<script" not in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
     assert "@import" not in page
@@ -114,8 +115,8 @@ def test_page_fetches_nothing(two_engines):
 
 def test_report_files_are_byte_identical_when_rebuilt(two_engines, tmp_path):
     runs = runset.load(two_engines)
-    first = htmlreport.write(runs, tmp_path / "r1")
-    second = htmlreport.write(runs, tmp_path / "r2")
+    first = htmlpage.write(runs, tmp_path / "r1")
+    second = htmlpage.write(runs, tmp_path / "r2")
     assert len(first.plots) == len(second.plots) >= 18  # svg and png of each plot
     pairs = zip(
         (first.html, first.markdown, first.csv, *first.plots),
@@ -132,7 +133,7 @@ def test_stale_plots_from_an_earlier_build_are_removed(two_engines, tmp_path):
     out = tmp_path / "r"
     (out / "plots").mkdir(parents=True)
     (out / "plots" / "gone.svg").write_text("<svg/>")
-    htmlreport.write(runset.load(two_engines), out)
+    htmlpage.write(runset.load(two_engines), out)
     assert not (out / "plots" / "gone.svg").exists()
 
 
@@ -152,7 +153,7 @@ def test_cli_names_an_unreadable_run(tmp_path, capsys):
 
 def test_an_unfinished_run_is_flagged(tmp_path):
     run = write_run(tmp_path, "onnxruntime", planned_extra=("batching.onnxruntime.rate=1",))
-    page, _ = htmlreport.render(runset.load([run]))
+    page, _ = htmlpage.render(runset.load([run]))
     assert f"incomplete: {run.name} is incomplete" in page
     assert "MISSING" in page
 
@@ -164,7 +165,7 @@ def test_an_unfinished_run_is_flagged(tmp_path):
 )
 def test_chromium_renders_matrix_and_plots_without_console_errors(two_engines, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
-    written = htmlreport.write(runset.load(two_engines), tmp_path / "report")
+    written = htmlpage.write(runset.load(two_engines), tmp_path / "report")
     shot = tmp_path / "report" / "screenshot.png"
     problems: list[str] = []
     with sync_api.sync_playwright() as pw:

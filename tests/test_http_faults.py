@@ -15,10 +15,10 @@ import sys
 
 import pytest
 
-from harness.outcome import RunExit
-from harness.records import Status
-from tests.fault_server import Plan, fault_server
-from tests.runner import run_workloads
+from harness.results.records import Status
+from harness.session.outcome import RunExit
+from tests.support.fault_server import Plan, fault_server
+from tests.support.runner import run_workloads
 
 REQUESTS = 150
 WARMUP = 4  # the streaming workload's warm-up requests come first and are kept clean

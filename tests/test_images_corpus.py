@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.imagefiles import write_small_corpus
-from tests.runner import pytest_workloads
+from tests.support.imagefiles import write_small_corpus
+from tests.support.runner import pytest_workloads
 from workloads import pipeline
 from workloads.preprocess import make
 

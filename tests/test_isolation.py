@@ -12,10 +12,10 @@ import subprocess
 
 import pytest
 
-from harness import store
-from harness.outcome import RunExit
-from harness.records import Status
-from tests.isolated import (
+from harness.results import store
+from harness.results.records import Status
+from harness.session.outcome import RunExit
+from tests.support.isolated import (
     can_unshare,
     env,
     interrupt_when,

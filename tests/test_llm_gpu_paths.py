@@ -25,7 +25,6 @@ from engines import lmdeploy as lmd
 from engines import tensorrt_llm as trtllm
 from engines.vllm import OPTIONS as VLLM_OPTIONS
 from engines.vllm import VllmEngine
-from harness.clock import MonotonicClock
 from harness.engine import (
     Chunk,
     EngineConfig,
@@ -34,7 +33,8 @@ from harness.engine import (
     RequestError,
     is_fatal,
 )
-from harness.genload import Driver
+from harness.load.clock import MonotonicClock
+from harness.load.streamdriver import Driver
 
 # -- LMDeploy: a recording AsyncEngine in place of lmdeploy ----------------------------------
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import report
-from harness.records import CellRecord, Status
-from tests.runner import run_workloads
+from harness.report import matrix
+from harness.results.records import CellRecord, Status
+from tests.support.runner import run_workloads
 
 pytest.importorskip("onnxruntime")
 
@@ -100,12 +100,12 @@ def test_capacity_is_bracketed_by_measured_points(run, batching):
 
 def test_the_matrix_shows_capacity_knee_and_intervals(run):
     run_dir, records = run
-    md, _ = report.write(run_dir)
+    md, _ = matrix.write(run_dir)
     text = md.read_text()
     cap = only(records, "capacity", batching="none").metrics["capacity"]
-    assert f"capacity {report.fmt_number(cap['load'])} req/s" in text
+    assert f"capacity {matrix.fmt_number(cap['load'])} req/s" in text
     lo, hi = cap["throughput_ci95"]
-    assert f"\\[{report.fmt_number(lo)}, {report.fmt_number(hi)}\\]" in text  # escaped Markdown
+    assert f"\\[{matrix.fmt_number(lo)}, {matrix.fmt_number(hi)}\\]" in text  # escaped Markdown
     assert "fails at" in text
     assert "knee " in text
     assert "blew up at" in text or "n/a" in text

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from harness.loadgen import Arrivals, OpenLoop, RateShape, ShapedLoad
+from harness.load.arrivals import Arrivals, OpenLoop, RateShape, ShapedLoad
 
 
 def _cv(times):

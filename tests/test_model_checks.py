@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.config import UsageError, parse_settings
-from harness.records import Manifest
-from harness.run import check_resumable
-from tests.runner import pytest_workloads
+from harness.results.records import Manifest
+from harness.session.config import UsageError, parse_settings
+from harness.session.state import check_resumable
+from tests.support.runner import pytest_workloads
 from workloads import models
 
 onnx = pytest.importorskip("onnx")

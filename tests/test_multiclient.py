@@ -1,4 +1,4 @@
-"""Several client processes sharing one schedule (harness.multiclient): the split, the
+"""Several client processes sharing one schedule (harness.load.clients): the split, the
 merge onto one time base, failed clients, the merged run's validity, and real processes
 (the null-gen engine, and the openai adapter against the no-op streaming server)."""
 
@@ -19,10 +19,9 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from harness import registry
-from harness.config import PROFILES, Distribution, ProfileName, UsageError, parse_settings
-from harness.engine import EngineConfig, GenerationRequest
-from harness.multiclient import (
+from harness.dist.rayclients import RayActors
+from harness.engine import EngineConfig, GenerationRequest, registry
+from harness.load.clients import (
     ClientFailure,
     ClientResult,
     ClientSpec,
@@ -43,10 +42,10 @@ from harness.multiclient import (
     run_shared,
     shifted,
 )
-from harness.rayclients import RayActors
-from harness.streaming import RequestRecord
-from harness.streamstats import summarize_stream
-from harness.validity import Verdict, judge
+from harness.load.stream_summary import summarize_stream
+from harness.metrics.streamtiming import RequestRecord
+from harness.metrics.validity import Verdict, judge
+from harness.session.config import PROFILES, Distribution, ProfileName, UsageError, parse_settings
 from workloads.generative import LoadSource, launcher_for
 
 TICK = 1 / 1024  # times on a binary grid: shifting by powers of two is exact

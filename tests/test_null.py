@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from engines.null import NullEngine
-from harness import registry
-from harness.engine import EngineConfig
+from harness.engine import EngineConfig, registry
 
 
 def test_null_engines_are_registered_like_any_other():

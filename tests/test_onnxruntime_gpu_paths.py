@@ -516,8 +516,8 @@ def test_installed_versions_list_only_what_is_installed():
 
 
 def test_the_tensorrt_conformance_class_skips_with_the_adapters_reason():
-    from harness.conformance import Subject  # noqa: PLC0415
     from harness.engine import Availability  # noqa: PLC0415
+    from harness.engine.conformance import Subject  # noqa: PLC0415
     from tests.test_gpu_conformance import _skip_unless_it_loads  # noqa: PLC0415
 
     closed = []

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from engines.openai_http import OpenAIEngine, RequestFailed, StreamState
 from harness.engine import EngineConfig, GenerationRequest, counter_delta
-from tests.fault_server import serve_app
+from tests.support.fault_server import serve_app
 
 httpx = pytest.importorskip("httpx")
 

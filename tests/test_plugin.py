@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import registry, store
-from harness.engine import EngineConfig, EngineError
-from harness.pool import EnginePool
-from tests.fakes import FakeGenerativeEngine, FakeTensorEngine, FakeUnavailableEngine
+from harness.engine import EngineConfig, EngineError, registry
+from harness.results import store
+from harness.session.pool import EnginePool
+from tests.support.fakes import FakeGenerativeEngine, FakeTensorEngine, FakeUnavailableEngine
 
 pytest_plugins = ["pytester"]
 
@@ -63,8 +63,8 @@ def test_unknown_engine_lists_every_registered_engine(pytester, fakes):
 
 CELLS = """
 import pytest
-from harness.records import Headline
-from harness.validity import Evidence
+from harness.results.records import Headline
+from harness.metrics.validity import Evidence
 
 @pytest.mark.requires(family="tensor")
 @pytest.mark.parametrize("n", [100, 5])

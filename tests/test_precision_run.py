@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.records import Status
-from tests.runner import run_workloads
+from harness.results.records import Status
+from tests.support.runner import run_workloads
 
 pytest.importorskip("onnxruntime")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import CellRecord, Status
-from tests.imagefiles import write_small_corpus
-from tests.runner import run_workloads
+from harness.results.records import CellRecord, Status
+from tests.support.imagefiles import write_small_corpus
+from tests.support.runner import run_workloads
 from workloads import models
 
 pytest.importorskip("onnxruntime")

@@ -1,4 +1,4 @@
-"""Clients as Ray actors (harness.rayclients) on a real two-host Ray cluster (network
+"""Clients as Ray actors (harness.dist.rayclients) on a real two-host Ray cluster (network
 namespaces this test creates): two clients, one per host, share one schedule against
 the no-op streaming server on the head host; then the worker host is killed mid-run and
 only its client's share is lost, each of those requests a failed request that says why.
@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from tests.netns import NO_PHONE_HOME, Cluster, Host, can_make_namespaces, start_ray, two_hosts
+from tests.support.netns import (
+    NO_PHONE_HOME,
+    Cluster,
+    Host,
+    can_make_namespaces,
+    start_ray,
+    two_hosts,
+)
 
 pytest.importorskip("ray", reason="Ray is not installed (tox -e ray)")
 for module in ("aiohttp", "httpx"):
@@ -59,7 +66,7 @@ def _driver(
         [
             sys.executable,
             "-m",
-            "tests.ray_clients_driver",
+            "tests.support.ray_clients_driver",
             *args,
             *([str(marker)] if marker else []),
         ]

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import report, store
-from harness.records import Status
-from tests.netns import NO_PHONE_HOME, Cluster, can_make_namespaces, start_ray, two_hosts
-from tests.runner import run_workloads
+from harness.report import matrix
+from harness.results import store
+from harness.results.records import Status
+from tests.support.netns import NO_PHONE_HOME, Cluster, can_make_namespaces, start_ray, two_hosts
+from tests.support.runner import run_workloads
 
 pytest.importorskip("ray", reason="Ray is not installed (tox -e ray)")
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
@@ -149,8 +150,8 @@ def check_same_matrix(local: Path, dist: Path, addresses: tuple[str, str]) -> di
     nodes = {r.environment.get("ray_node") for r in store.read_records(dist)}
     assert nodes == set(addresses)  # both hosts ran cells; all came back
     # the same matrix: rows, columns and which entries have numbers
-    local_matrix = report.build(store.read_manifest(local), store.read_records(local))
-    dist_matrix = report.build(manifest, store.read_records(dist))
+    local_matrix = matrix.build(store.read_manifest(local), store.read_records(local))
+    dist_matrix = matrix.build(manifest, store.read_records(dist))
     assert [(r.workload, r.params) for r in dist_matrix.rows] == [
         (r.workload, r.params) for r in local_matrix.rows
     ]

@@ -1,4 +1,4 @@
-"""harness.raydist and harness.remotecell without a cluster: the node side for real, Ray
+"""harness.dist.raydist and harness.dist.remotecell without a cluster: the node side for real, Ray
 itself replaced by a named fake (tests/fakeray.py) that injects losses."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from harness import store
-from harness.records import Status
-from harness.remotecell import node_argv, run_cell, spec_for
-from tests.runner import REPO, run_workloads
+from harness.dist.remotecell import node_argv, run_cell, spec_for
+from harness.results import store
+from harness.results.records import Status
+from tests.support.runner import REPO, run_workloads
 
-FAKE = ["-p", "tests.fakeray", "--dist=ray", "--engine=null"]
+FAKE = ["-p", "tests.support.fakeray", "--dist=ray", "--engine=null"]
 TWO_CELLS = ["-k", "test_batching and rate100 and (none or static)"]
 NONE_CELL = "workloads/test_batching.py::test_batching[rate100-none-b1-null]"
 
@@ -138,9 +138,15 @@ def test_a_task_that_fails_on_its_own_is_not_run_again(tmp_path, monkeypatch):
     [
         (["--ray-address=h:1"], "--ray-address only applies with --dist=ray or --clients-on"),
         (["--dist=mars"], "--dist 'mars': choose no (this machine) or ray"),
-        (["-p", "tests.fakeray", "--dist=ray", "--isolation=none"], "drop --isolation"),
-        (["-p", "tests.fakeray", "--dist=ray", "--ray-python=torch"], "expected ENGINE=PATH"),
-        (["-p", "tests.fakeray", "--dist=ray", "--ray-retries=-1"], "retries must be >= 0"),
+        (["-p", "tests.support.fakeray", "--dist=ray", "--isolation=none"], "drop --isolation"),
+        (
+            ["-p", "tests.support.fakeray", "--dist=ray", "--ray-python=torch"],
+            "expected ENGINE=PATH",
+        ),
+        (
+            ["-p", "tests.support.fakeray", "--dist=ray", "--ray-retries=-1"],
+            "retries must be >= 0",
+        ),
     ],
 )
 def test_bad_dist_options_are_usage_errors(tmp_path, args, message):

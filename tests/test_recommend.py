@@ -1,4 +1,4 @@
-"""``harness.recommend``: constructed runs with hand-computed answers."""
+"""``harness.report.recommend``: constructed runs with hand-computed answers."""
 
 import argparse
 import io
@@ -7,10 +7,18 @@ import json
 import pytest
 from rich.console import Console
 
-from harness import recommend as rec
-from harness import stats, store
-from harness.records import CellRecord, Headline, Manifest, PlannedCell, Status, ValidityInfo
-from harness.streaming import parse_slos
+from harness.metrics import stats
+from harness.metrics.streamtiming import parse_slos
+from harness.report import recommend as rec
+from harness.results import store
+from harness.results.records import (
+    CellRecord,
+    Headline,
+    Manifest,
+    PlannedCell,
+    Status,
+    ValidityInfo,
+)
 
 ENV_A = {
     "cpu": {"model": "Test CPU A", "logical_cores": 8, "affinity": 8},
@@ -53,7 +61,7 @@ def build(workload, engine, params, *, run_id, status=Status.OK, env=ENV_A, **fi
 
 
 def served(e2e, *, window=1.0, failed=0):
-    """What harness.servestats stores for a tensor cell: e2e per successful request."""
+    """What harness.load.serve_summary stores for a tensor cell: e2e per successful request."""
     ok = len(e2e)
     metrics = {
         "e2e": stats.to_json(stats.summarize(e2e, failed)),
@@ -74,7 +82,7 @@ def served(e2e, *, window=1.0, failed=0):
 
 
 def streamed(ttft, tpot, e2e, *, window, tokens_per_s, failed=0):
-    """What harness.streamstats stores: ttft/e2e once per successful request, tpot per
+    """What harness.load.stream_summary stores: ttft/e2e once per successful request, tpot per
     request with more than one token."""
     ok = len(e2e)
     metrics = {

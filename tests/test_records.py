@@ -3,9 +3,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from harness import records
-from harness.records import CellRecord, NewerSchemaError, RecordError, Status
-from tests.records_factory import record
+from harness.results import records
+from harness.results.records import CellRecord, NewerSchemaError, RecordError, Status
+from tests.support.records_factory import record
 
 
 def test_round_trip_is_lossless_including_infinity():

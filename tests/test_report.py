@@ -1,6 +1,7 @@
-from harness import report, store
-from harness.records import Status
-from tests.records_factory import manifest, record
+from harness.report import matrix
+from harness.results import store
+from harness.results.records import Status
+from tests.support.records_factory import manifest, record
 
 
 def make_run(tmp_path, *, with_missing=False):
@@ -37,7 +38,7 @@ def make_run(tmp_path, *, with_missing=False):
 
 def test_matrix_markdown_shows_numbers_only_for_ok_cells(tmp_path):
     run = make_run(tmp_path)
-    md_path, _ = report.write(run)
+    md_path, _ = matrix.write(run)
     md = md_path.read_text()
     assert "| rate | mode | onnx | other |" in md
     assert "| 10 | static | p50 36.8 ms | INVALID: too few samples |" in md
@@ -46,21 +47,21 @@ def test_matrix_markdown_shows_numbers_only_for_ok_cells(tmp_path):
 
 def test_matrix_is_byte_identical_when_rebuilt(tmp_path):
     run = make_run(tmp_path)
-    md1, csv1 = (p.read_bytes() for p in report.write(run))
-    md2, csv2 = (p.read_bytes() for p in report.write(run))
+    md1, csv1 = (p.read_bytes() for p in matrix.write(run))
+    md2, csv2 = (p.read_bytes() for p in matrix.write(run))
     assert (md1, csv1) == (md2, csv2)
 
 
 def test_missing_records_show_as_missing(tmp_path):
     run = make_run(tmp_path, with_missing=True)
-    m = report.build(store.read_manifest(run), store.read_records(run))
-    texts = [report.entry_text(r.entries.get("other")) for r in m.rows]
+    m = matrix.build(store.read_manifest(run), store.read_records(run))
+    texts = [matrix.entry_text(r.entries.get("other")) for r in m.rows]
     assert texts[1] == "MISSING (no record: interrupted?)"
 
 
 def test_csv_has_numbers_for_ok_and_status_for_the_rest(tmp_path):
     run = make_run(tmp_path)
-    _, csv_path = report.write(run)
+    _, csv_path = matrix.write(run)
     lines = csv_path.read_text().splitlines()
     assert lines[0].split(",") == [
         "workload",
@@ -91,24 +92,24 @@ def test_markdown_escapes_pipes_from_engine_strings(tmp_path):
             reasons=("bad | value",),
         ),
     )
-    assert "FAILED: bad \\| value" in report.write(run)[0].read_text()
+    assert "FAILED: bad \\| value" in matrix.write(run)[0].read_text()
 
 
 def test_number_formatting():
-    assert report.fmt_number(0.000123) == "0.000123"
-    assert report.fmt_number(2.754) == "2.75"
-    assert report.fmt_number(36.84) == "36.8"
-    assert report.fmt_number(138.6) == "139"
-    assert report.fmt_number(8.0) == "8"
-    assert report.fmt_number(13600705.0) == "13.6M"
-    assert report.fmt_number(40624.6) == "40.6k"
-    assert report.fmt_number(9999.0) == "9999"
-    assert report.fmt_number(2.5e9) == "2.5G"
-    assert report.fmt_number(float("inf")) == "inf"
+    assert matrix.fmt_number(0.000123) == "0.000123"
+    assert matrix.fmt_number(2.754) == "2.75"
+    assert matrix.fmt_number(36.84) == "36.8"
+    assert matrix.fmt_number(138.6) == "139"
+    assert matrix.fmt_number(8.0) == "8"
+    assert matrix.fmt_number(13600705.0) == "13.6M"
+    assert matrix.fmt_number(40624.6) == "40.6k"
+    assert matrix.fmt_number(9999.0) == "9999"
+    assert matrix.fmt_number(2.5e9) == "2.5G"
+    assert matrix.fmt_number(float("inf")) == "inf"
 
 
 def test_headline_intervals_show_in_markdown_and_csv(tmp_path):
-    from harness.records import Headline  # noqa: PLC0415
+    from harness.results.records import Headline  # noqa: PLC0415
 
     run = store.new_run_dir(tmp_path)
     cells = [("cap.onnx", "onnx", {"rate": 10.0, "mode": "static"})]
@@ -133,7 +134,7 @@ def test_headline_intervals_show_in_markdown_and_csv(tmp_path):
             metrics=metrics,
         ),
     )
-    md, csv_path = report.write(run)
+    md, csv_path = matrix.write(run)
     text = md.read_text()
     # the data bound p99 from below only: the missing upper bound shows as "?"
     assert r"p99 4.20 \[3.90, ?\] ms" in text

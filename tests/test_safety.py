@@ -6,14 +6,15 @@ import json
 
 import pytest
 
-from harness import records, report, store
-from harness import redact as redact_module
-from harness.cell import make_cell_id
-from harness.child import describe_exit
-from harness.config import UsageError, parse_size
-from harness.records import CellRecord, RecordError, Status
-from harness.redact import MASK, redact, redact_text, secrets_in
-from tests.records_factory import manifest, record
+from harness.report import matrix
+from harness.results import records, store
+from harness.results import redact as redact_module
+from harness.results.records import CellRecord, RecordError, Status
+from harness.results.redact import MASK, redact, redact_text, secrets_in
+from harness.session.cell import make_cell_id
+from harness.session.child import describe_exit
+from harness.session.config import UsageError, parse_size
+from tests.support.records_factory import manifest, record
 
 
 def test_secret_named_variables_are_masked_everywhere():
@@ -80,12 +81,12 @@ def test_matrix_text_from_engines_is_inert():
     rec = record(
         status=Status.FAILED, reasons=("<img src=x onerror=alert(1)> | [link](http://x) *b*",)
     )
-    m = report.build(manifest([(rec.cell_id, rec.engine, dict(rec.params))]), [rec])
-    md = report.to_markdown(m)
+    m = matrix.build(manifest([(rec.cell_id, rec.engine, dict(rec.params))]), [rec])
+    md = matrix.to_markdown(m)
     assert "<img" not in md
     assert "&lt;img src=x onerror=alert(1)&gt; \\| \\[link\\](http://x) \\*b\\*" in md
-    csv_text = report.to_csv(
-        report.build(
+    csv_text = matrix.to_csv(
+        matrix.build(
             manifest([(rec.cell_id, rec.engine, dict(rec.params))]),
             [record(status=Status.FAILED, reasons=('=HYPERLINK("http://x")',))],
         )

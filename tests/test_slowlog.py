@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from engines.null import NullEngine
-from harness import slowlog
-from harness.batching import NoBatching, serve_open_loop
-from harness.clock import MonotonicClock
 from harness.engine import EngineConfig
-from harness.loadgen import Arrivals, OpenLoop
-from harness.servestats import summarize_trace
-from harness.streaming import parse_slos
-from harness.telemetry import Telemetry
-from tests.fakes import FakeClock
+from harness.load.arrivals import Arrivals, OpenLoop
+from harness.load.clock import MonotonicClock
+from harness.load.serve_summary import summarize_trace
+from harness.load.serving import NoBatching, serve_open_loop
+from harness.metrics import slowlog
+from harness.metrics.streamtiming import parse_slos
+from harness.metrics.telemetry import Telemetry
+from tests.support.fakes import FakeClock
 
 X = {"x": np.zeros((1, 4), dtype=np.float32)}
 

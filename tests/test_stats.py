@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from harness import stats
+from harness.metrics import stats
 
 
 def test_nearest_rank_matches_hand_computed_values():

@@ -3,8 +3,8 @@ import threading
 
 import pytest
 
-from harness import store
-from tests.records_factory import manifest, record
+from harness.results import store
+from tests.support.records_factory import manifest, record
 
 
 def test_record_is_written_once_and_never_overwritten(tmp_path):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.streaming import SLO, RequestRecord, StreamMetrics, meets, parse_slos
+from harness.metrics.streamtiming import SLO, RequestRecord, StreamMetrics, meets, parse_slos
 
 
 def rec(times, tokens, *, t_sched=0.0, t_send=0.0, asked=None, reported=None, error=None):
@@ -104,8 +104,8 @@ def test_retokenized_disagreement_is_flagged_not_corrected():
 
 
 def test_http_requests_split_first_token_time_into_network_and_the_rest():
-    from harness.streaming import RequestRecord  # noqa: PLC0415
-    from harness.streamstats import spans  # noqa: PLC0415
+    from harness.load.stream_summary import spans  # noqa: PLC0415
+    from harness.metrics.streamtiming import RequestRecord  # noqa: PLC0415
 
     rec = RequestRecord(
         t_sched=0.0,

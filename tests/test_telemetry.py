@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from harness.telemetry import Nvml, Series, Telemetry, summarize
+from harness.metrics.telemetry import Nvml, Series, Telemetry, summarize
 
 
 class FakeNvml(Nvml):

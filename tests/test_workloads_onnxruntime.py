@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import report, stats, store
-from harness.records import CellRecord, Status
-from tests.runner import run_workloads
+from harness.metrics import stats
+from harness.report import matrix
+from harness.results import store
+from harness.results.records import CellRecord, Status
+from tests.support.runner import run_workloads
 
 pytest.importorskip("onnxruntime")
 
@@ -153,5 +155,5 @@ def test_shapes_modes_trade_padding_for_distinct_shapes(run):
 def test_report_rebuilds_identical_bytes(run):
     run_dir, _, _ = run
     before = (run_dir / "matrix.md").read_bytes(), (run_dir / "matrix.csv").read_bytes()
-    report.write(run_dir)
+    matrix.write(run_dir)
     assert ((run_dir / "matrix.md").read_bytes(), (run_dir / "matrix.csv").read_bytes()) == before

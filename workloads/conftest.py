@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.config import RunSettings
 from harness.plugin import settings_of
+from harness.session.config import RunSettings
 from workloads import pipeline, usermodel
 from workloads.generative import model_dir
 

@@ -13,9 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from harness.cell import Cell
-from harness.clock import MonotonicClock
-from harness.config import ClientsOn, RunSettings
+from harness.dist.rayclients import RayActors
 from harness.engine import (
     EngineConfig,
     EngineError,
@@ -24,8 +22,7 @@ from harness.engine import (
     GenerativeEngine,
     counter_delta,
 )
-from harness.genload import Driver
-from harness.multiclient import (
+from harness.load.clients import (
     ClosedShare,
     Deadlines,
     Launcher,
@@ -35,11 +32,14 @@ from harness.multiclient import (
     SharedLoad,
     run_shared,
 )
+from harness.load.clock import MonotonicClock
+from harness.load.stream_summary import summarize_stream
+from harness.load.streamdriver import Driver
+from harness.metrics.streamtiming import RequestRecord
 from harness.plugin import OpenEngine
-from harness.rayclients import RayActors
-from harness.records import Headline
-from harness.streaming import RequestRecord
-from harness.streamstats import summarize_stream
+from harness.results.records import Headline
+from harness.session.cell import Cell
+from harness.session.config import ClientsOn, RunSettings
 from workloads.inputs import lengths
 
 FIRST_ID = 4  # ids below are the tokenizer's special tokens (<s>, </s>, <unk>, <pad>)

@@ -16,21 +16,21 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from harness import stats
-from harness.batching import BatchPolicy, NoBatching, serve_open_loop
-from harness.capacity import CapacityResult, Point, Stop, SweepResult
-from harness.cell import Cell
-from harness.clock import Clock, MonotonicClock
-from harness.config import RunSettings
 from harness.engine import EngineError, TensorEngine, device_spans
-from harness.loadgen import OpenLoop, Schedule
-from harness.records import Headline
-from harness.servestats import summarize_trace
-from harness.slowlog import SlowLog
-from harness.streaming import SLO
-from harness.streamstats import summarize_stream
-from harness.telemetry import Telemetry
-from harness.validity import Evidence, Verdict, judge
+from harness.load.arrivals import OpenLoop, Schedule
+from harness.load.capacity import CapacityResult, Point, Stop, SweepResult
+from harness.load.clock import Clock, MonotonicClock
+from harness.load.serve_summary import summarize_trace
+from harness.load.serving import BatchPolicy, NoBatching, serve_open_loop
+from harness.load.stream_summary import summarize_stream
+from harness.metrics import stats
+from harness.metrics.slowlog import SlowLog
+from harness.metrics.streamtiming import SLO
+from harness.metrics.telemetry import Telemetry
+from harness.metrics.validity import Evidence, Verdict, judge
+from harness.results.records import Headline
+from harness.session.cell import Cell
+from harness.session.config import RunSettings
 from workloads import inputs
 from workloads.generative import LoadSource, Sent, make_requests
 

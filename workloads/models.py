@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.config import cache_root
+from harness.session.config import cache_root
 
 OPSET = 17
 GENERATOR_VERSION = 1  # bump when a builder changes, so cached files are not reused

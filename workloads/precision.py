@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from harness import stats
+from harness.metrics import stats
 
 Outputs = Mapping[str, npt.NDArray[Any]]
 Infer = Callable[[Mapping[str, npt.NDArray[Any]]], Outputs]

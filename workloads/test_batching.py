@@ -13,21 +13,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness import stats
-from harness.batching import (
+from harness.load.arrivals import OpenLoop
+from harness.load.clock import MonotonicClock
+from harness.load.serve_summary import e2e_slos, summarize_trace
+from harness.load.serving import (
     BatchPolicy,
     DynamicBatching,
     NoBatching,
     StaticBatching,
     serve_open_loop,
 )
-from harness.cell import Cell
-from harness.clock import MonotonicClock
-from harness.config import ProfileName, RunSettings
-from harness.loadgen import OpenLoop
+from harness.metrics import stats
 from harness.plugin import OpenEngine, settings_of
-from harness.records import Headline
-from harness.servestats import e2e_slos, summarize_trace
+from harness.results.records import Headline
+from harness.session.cell import Cell
+from harness.session.config import ProfileName, RunSettings
 from workloads import inputs
 from workloads.load import timed_batch
 from workloads.models import open_model

@@ -14,12 +14,12 @@ import asyncio
 
 import pytest
 
-from harness.cell import Cell
-from harness.clock import MonotonicClock
-from harness.config import RunSettings
-from harness.genload import Driver
-from harness.loadgen import OpenLoop
+from harness.load.arrivals import OpenLoop
+from harness.load.clock import MonotonicClock
+from harness.load.streamdriver import Driver
 from harness.plugin import OpenEngine
+from harness.session.cell import Cell
+from harness.session.config import RunSettings
 from workloads.generative import (
     engine_counters,
     finish,

@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.batching import BatchPolicy, DynamicBatching, NoBatching
-from harness.capacity import KneeRule, SearchPolicy, capacity_search, sweep
-from harness.cell import Cell
-from harness.config import ProfileName, RunSettings
-from harness.loadgen import Arrivals, OpenLoop, RateShape, Schedule, ShapedLoad
+from harness.load.arrivals import Arrivals, OpenLoop, RateShape, Schedule, ShapedLoad
+from harness.load.capacity import KneeRule, SearchPolicy, capacity_search, sweep
+from harness.load.serve_summary import e2e_slos
+from harness.load.serving import BatchPolicy, DynamicBatching, NoBatching
+from harness.metrics.streamtiming import SLO, parse_slos
 from harness.plugin import OpenEngine, settings_of
-from harness.servestats import e2e_slos
-from harness.streaming import SLO, parse_slos
+from harness.session.cell import Cell
+from harness.session.config import ProfileName, RunSettings
 from workloads import inputs
 from workloads.generative import load_source, model_dir, vocab_size
 from workloads.load import (

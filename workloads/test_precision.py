@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness import registry, stats
-from harness.cell import Cell
-from harness.clock import MonotonicClock
-from harness.config import RunSettings
-from harness.engine import EngineError, TensorEngine
-from harness.genload import Driver
+from harness.engine import EngineError, TensorEngine, registry
+from harness.load.clock import MonotonicClock
+from harness.load.stream_summary import summarize_stream
+from harness.load.streamdriver import Driver
+from harness.metrics import stats
+from harness.metrics.validity import Evidence
 from harness.plugin import OpenEngine, settings_of
-from harness.records import Headline
-from harness.streamstats import summarize_stream
-from harness.validity import Evidence
+from harness.results.records import Headline
+from harness.session.cell import Cell
+from harness.session.config import RunSettings
 from workloads import inputs, models
 from workloads.generative import make_requests, model_dir, open_generative, vocab_size
 from workloads.precision import (

@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness import stats
-from harness.cell import Cell
-from harness.config import ProfileName, RunSettings
 from harness.engine import TensorEngine, TensorSpec
+from harness.metrics import stats
+from harness.metrics.validity import Evidence
 from harness.plugin import OpenEngine, settings_of
-from harness.records import Headline
-from harness.validity import Evidence
+from harness.results.records import Headline
+from harness.session.cell import Cell
+from harness.session.config import ProfileName, RunSettings
 from workloads import pipeline
 from workloads.models import open_model
 from workloads.pipeline import Corpus, Limits, Tolerance, Window

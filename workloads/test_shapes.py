@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness import stats
-from harness.cell import Cell
-from harness.clock import MonotonicClock, gc_paused
-from harness.config import RunSettings
 from harness.engine import EngineError, TensorEngine, TensorSpec
+from harness.load.clock import MonotonicClock, gc_paused
+from harness.metrics import stats
+from harness.metrics.validity import Evidence
 from harness.plugin import OpenEngine, settings_of
-from harness.records import Headline
-from harness.validity import Evidence
+from harness.results.records import Headline
+from harness.session.cell import Cell
+from harness.session.config import RunSettings
 from workloads import inputs, models
 from workloads.models import open_model
 

@@ -11,10 +11,10 @@ import asyncio
 
 import pytest
 
-from harness.cell import Cell
-from harness.config import RunSettings
-from harness.loadgen import OpenLoop
+from harness.load.arrivals import OpenLoop
 from harness.plugin import OpenEngine
+from harness.session.cell import Cell
+from harness.session.config import RunSettings
 from workloads.generative import (
     engine_counters,
     finish,

@@ -35,9 +35,8 @@ from engines.onnxprep import (
     inspect,
     make_batch_dynamic,
 )
-from harness import registry
-from harness.config import RunSettings, cache_root
-from harness.engine import Family, TensorSpec
+from harness.engine import Family, TensorSpec, registry
+from harness.session.config import RunSettings, cache_root
 from workloads import inputs, models
 
 MODEL_FREE = frozenset({"null"})

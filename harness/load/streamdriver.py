@@ -1,0 +1,186 @@
+"""Load generation for streaming (generative) engines, on asyncio.
+
+* closed loop: ``concurrency`` users, each sends its next request when the last ends;
+* open loop: every request is sent at its scheduled time whatever the engine is doing,
+  and latency counts from that time (no coordinated omission); each request records the
+  generator's own lag (actual send minus intended send);
+* static batches: requests are admitted in groups of ``batch``; a group goes when it is
+  full (or the stream ended) *and* the previous group has finished. The baseline that
+  iteration-level (continuous) batching is compared against, through the same engine.
+
+Every chunk is stamped here, at the client, the moment the engine's stream yields it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from harness.engine import GenerationRequest, GenerativeEngine, is_fatal
+from harness.load.clock import Clock, gc_paused
+from harness.metrics.streamtiming import RequestRecord
+
+
+def _n_in(req: GenerationRequest) -> int:
+    return len(req.prompt) if isinstance(req.prompt, tuple) else 0
+
+
+SPIN_S = 0.0015
+"""asyncio's timers wake up to 1 ms late (epoll rounds its timeout up to whole
+milliseconds), which is generator lag; the last stretch of a wait yields to the loop
+instead of sleeping, so other requests' I/O still runs while this one is due."""
+
+
+async def _sleep_until(clock: Clock, deadline: float) -> None:
+    delay = deadline - clock.now()
+    if delay > SPIN_S:
+        await asyncio.sleep(delay - SPIN_S)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + SPIN_S * 2  # bounded in real time, whatever ``clock`` does
+    while clock.now() < deadline and loop.time() < give_up:
+        await asyncio.sleep(0)
+
+
+@dataclass(frozen=True)
+class Driver:
+    """Sends requests to one engine and records what the client saw."""
+
+    engine: GenerativeEngine
+    clock: Clock
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError("timeout_s must be > 0")
+
+    async def one(
+        self, req: GenerationRequest, t_sched: float, t_intended: float | None = None
+    ) -> RequestRecord:
+        """Send ``req`` now; a failure of any kind is recorded on the request, never raised."""
+        clock = self.clock
+        t_send = clock.now()
+        times: list[float] = []
+        tokens: list[int] = []
+        reported: int | None = None
+        engine_stats: Mapping[str, float] | None = None
+        retokenized: int | None = None
+        client_stats: Mapping[str, float] | None = None
+        error: str | None = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async for chunk in self.engine.generate(req):
+                    times.append(clock.now())
+                    tokens.append(chunk.n_tokens)
+                    if chunk.completion_tokens is not None:
+                        reported = chunk.completion_tokens
+                    if chunk.engine_stats is not None:
+                        engine_stats = chunk.engine_stats
+                    if chunk.retokenized is not None:
+                        retokenized = chunk.retokenized
+                    if chunk.client_stats is not None:
+                        client_stats = chunk.client_stats
+        except TimeoutError:
+            error = f"timeout after {self.timeout_s:g} s"
+        except Exception as exc:  # a failed request is counted, never dropped
+            if is_fatal(exc):
+                raise  # the engine is gone: measuring on would only count its corpse
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        if error is None and not any(tokens):
+            error = "stream ended without any output token"
+        return RequestRecord(
+            t_sched=t_sched,
+            t_send=t_send,
+            t_end=clock.now(),
+            chunk_times=tuple(times),
+            chunk_tokens=tuple(tokens),
+            n_in=_n_in(req),
+            n_asked=req.max_tokens,
+            n_out_reported=reported,
+            error=error,
+            engine_stats=engine_stats,
+            n_out_retokenized=retokenized,
+            client_stats=client_stats,
+            lag=t_send - (t_sched if t_intended is None else t_intended),
+        )
+
+    async def closed_loop(
+        self,
+        requests: Sequence[GenerationRequest],
+        concurrency: int,
+        min_duration_s: float | None = None,
+        min_requests: int = 0,
+    ) -> list[RequestRecord]:
+        """Every request in order, ``concurrency`` at a time; with ``min_duration_s``,
+        users stop taking new requests once that long has passed and ``min_requests``
+        have been sent (``requests`` then only bounds the count: the rest are never sent)."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        pending = iter(range(len(requests)))
+        out: list[RequestRecord | None] = [None] * len(requests)
+        stop_at: float | None = None
+
+        async def user() -> None:
+            for i in pending:  # shared iterator: each index goes to exactly one user
+                # closed loop: a request is due the moment its user is free
+                out[i] = await self.one(requests[i], self.clock.now())
+                done = stop_at is not None and self.clock.now() >= stop_at
+                if done and i + 1 >= min_requests:
+                    return
+
+        with gc_paused():  # the window starts after the collection, not before
+            if min_duration_s is not None:
+                stop_at = self.clock.now() + min_duration_s
+            await asyncio.gather(*(user() for _ in range(concurrency)))
+        return [r for r in out if r is not None]
+
+    async def open_loop(
+        self, requests: Sequence[GenerationRequest], offsets: npt.NDArray[np.float64]
+    ) -> list[RequestRecord]:
+        if len(requests) != len(offsets):
+            raise ValueError("one scheduled offset per request")
+        with gc_paused():  # the schedule starts after the collection, not before
+            start = self.clock.now()
+            # One dispatcher walks the schedule and starts each request when it is due:
+            # one timer at a time instead of one per request keeps the loop free for I/O.
+            tasks: dict[int, asyncio.Task[RequestRecord]] = {}
+            for i in np.argsort(offsets, kind="stable").tolist():
+                t_sched = start + float(offsets[i])
+                await _sleep_until(self.clock, t_sched)
+                tasks[i] = asyncio.create_task(self.one(requests[i], t_sched))
+            return [await tasks[i] for i in range(len(requests))]
+
+    async def static_batches(
+        self, requests: Sequence[GenerationRequest], offsets: npt.NDArray[np.float64], batch: int
+    ) -> list[RequestRecord]:
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        with gc_paused():
+            start = self.clock.now()
+            due = start + np.asarray(offsets, dtype=np.float64)
+            return await self._groups(requests, due, batch, start)
+
+    async def _groups(
+        self,
+        requests: Sequence[GenerationRequest],
+        due: npt.NDArray[np.float64],
+        batch: int,
+        start: float,
+    ) -> list[RequestRecord]:
+        out: list[RequestRecord] = []
+        prev_end = start
+        for first in range(0, len(requests), batch):
+            group = range(first, min(first + batch, len(requests)))
+            # released when full and the previous group is done; sleeping past that is lag
+            released = max(float(due[group[-1]]), prev_end)
+            await _sleep_until(self.clock, released)
+            out.extend(
+                await asyncio.gather(
+                    *(self.one(requests[i], float(due[i]), t_intended=released) for i in group)
+                )
+            )
+            prev_end = self.clock.now()
+        return out

@@ -1,0 +1,401 @@
+"""Plots of a run set: what a reader would rather look at than read.
+
+Each plot is a pure function of the records, rendered by matplotlib (Agg) to SVG for the
+HTML page and to SVG and PNG files for documents. Rendering is made deterministic (no
+dates or software versions in the files, fixed SVG ids), so the same records give the
+same bytes. Only ok cells are drawn: a cell that is not ok has no numbers to show.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib as mpl
+
+mpl.use("Agg")
+from matplotlib import pyplot as plt
+from matplotlib.figure import Figure
+
+from harness.metrics.streamtiming import parse_slos
+from harness.report.runset import RunSet
+from harness.results.records import CellRecord, Status, format_param
+
+CDF_POINTS = 400
+"""Quantiles drawn per CDF: enough for a smooth curve, few enough for a small page."""
+MAX_LINES = 12
+"""Lines per plot beyond which a plot is split: a legend of twenty is not read."""
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure: ``name`` is its file stem, ``svg`` inline markup, ``png`` the bytes."""
+
+    name: str
+    section: str
+    title: str
+    caption: str
+    svg: str
+    png: bytes
+
+
+@dataclass(frozen=True)
+class Cell:
+    """An ok record and the matrix column it belongs to."""
+
+    column: str
+    record: CellRecord
+
+    @property
+    def label(self) -> str:
+        params = ", ".join(f"{k}={format_param(v)}" for k, v in self.record.params.items())
+        return f"{self.column} {params}".strip()
+
+
+def ok_cells(runs: RunSet) -> list[Cell]:
+    out = []
+    for run in runs.runs:
+        for rec in run.records:
+            if rec.status is Status.OK:
+                out.append(Cell(runs.column(run, rec.engine), rec))
+    return sorted(out, key=lambda c: (c.record.workload, c.column, c.record.cell_id))
+
+
+@contextmanager
+def _figure(salt: str) -> Iterator[Figure]:
+    style: Any = {
+        "svg.hashsalt": salt,  # ids derive from it, not from a random source
+        "svg.fonttype": "none",
+        "font.size": 9,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "figure.dpi": 100,
+    }
+    with mpl.rc_context(style):
+        fig = plt.figure(figsize=(7.5, 4.2))
+        try:
+            yield fig
+        finally:
+            plt.close(fig)
+
+
+def _render(fig: Figure) -> tuple[str, bytes]:
+    fig.tight_layout()
+    svg, png = io.StringIO(), io.BytesIO()
+    fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None})
+    fig.savefig(png, format="png", metadata={"Software": None})
+    text = svg.getvalue()
+    return text[text.index("<svg") :], png.getvalue()
+
+
+def _plot(
+    name: str, section: str, title: str, caption: str, draw: Callable[[Figure], None]
+) -> Plot:
+    with _figure(name) as fig:
+        draw(fig)
+        fig.suptitle(title, fontsize=10)
+        svg, png = _render(fig)
+    return Plot(name, section, title, caption, svg, png)
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in text).strip("-").lower()
+
+
+def _legend(ax: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="best", framealpha=0.8)
+
+
+# -- latency vs throughput ---------------------------------------------------------------
+
+
+def _points(rec: CellRecord) -> list[dict[str, Any]]:
+    for path in ("sweep.points", "search.points"):
+        pts = rec.metric(path)
+        if isinstance(pts, list) and pts:
+            return [p for p in pts if isinstance(p, dict)]
+    return []
+
+
+def _slo_lines(rec: CellRecord) -> list[float]:
+    objective = rec.metric("objective")
+    if not isinstance(objective, str):
+        return []
+    return [s.threshold_s for s in parse_slos(objective) if s.metric == "e2e"]
+
+
+def _knee(rec: CellRecord) -> float | None:
+    for path in ("knee.load", "capacity.load"):
+        value = rec.metric(path)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _curve(ax: Any, cell: Cell) -> None:
+    pts = sorted(_points(cell.record), key=lambda p: float(p.get("load", 0.0)))
+    xs = [float(p["throughput"]) for p in pts]
+    ys = [float(p["latency_p99_s"]) * 1e3 for p in pts if p.get("latency_p99_s") is not None]
+    if len(ys) != len(xs):
+        return
+    (line,) = ax.plot(xs, ys, marker="o", ms=3, label=cell.label)
+    knee = _knee(cell.record)
+    at = [i for i, p in enumerate(pts) if knee is not None and math.isclose(p["load"], knee)]
+    if at:
+        ax.plot([xs[at[0]]], [ys[at[0]]], marker="*", ms=14, color=line.get_color(), ls="")
+        ax.annotate("knee", (xs[at[0]], ys[at[0]]), textcoords="offset points", xytext=(6, 6))
+
+
+def latency_throughput(cells: Sequence[Cell]) -> list[Plot]:
+    """p99 latency against achieved throughput along each load sweep; the knee starred
+    and the SLO as a dashed line."""
+    swept = [c for c in cells if _points(c.record)]
+    plots = []
+    for workload, group in _by_workload(swept):
+
+        def draw(fig: Figure, group: list[Cell] = group) -> None:
+            ax = fig.add_subplot()
+            for cell in group:
+                _curve(ax, cell)
+            for threshold in sorted({t for c in group for t in _slo_lines(c.record)}):
+                ax.axhline(threshold * 1e3, ls="--", color="crimson", lw=1)
+                ax.annotate(
+                    f"SLO e2e p99 {threshold * 1e3:g} ms",
+                    (0.01, threshold * 1e3),
+                    xycoords=("axes fraction", "data"),
+                    color="crimson",
+                    va="bottom",
+                )
+            ax.set(xlabel="achieved throughput (req/s)", ylabel="e2e p99 (ms)", yscale="log")
+            _legend(ax)
+
+        plots.append(
+            _plot(
+                f"latency-throughput-{_slug(workload)}",
+                "Latency vs throughput",
+                f"{workload}: p99 latency vs throughput",
+                "Each point is one offered load of the sweep; the star is the knee "
+                "(the last load the system kept up with), the dashed line the SLO.",
+                draw,
+            )
+        )
+    plots += _batching_curves(cells)
+    return plots
+
+
+def _batching_curves(cells: Sequence[Cell]) -> list[Plot]:
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for cell in cells:
+        rec = cell.record
+        tput, p99 = rec.metric("throughput.requests_per_s"), rec.metric("e2e.p99")
+        if rec.workload != "batching" or tput is None or p99 is None:
+            continue
+        policy = {k: v for k, v in rec.params.items() if k != "rate"}
+        key = f"{cell.column} " + ", ".join(f"{k}={format_param(v)}" for k, v in policy.items())
+        series[key].append((float(tput), float(p99) * 1e3))
+    if not series:
+        return []
+
+    def draw(fig: Figure) -> None:
+        ax = fig.add_subplot()
+        for key in sorted(series):
+            xs, ys = zip(*sorted(series[key]), strict=True)
+            ax.plot(xs, ys, marker="o", ms=4, label=key)
+        ax.set(xlabel="achieved throughput (req/s)", ylabel="e2e p99 (ms)", yscale="log")
+        _legend(ax)
+
+    caption = "One line per batching policy; each point one offered rate of the batching grid."
+    return [
+        _plot(
+            "latency-throughput-batching",
+            "Latency vs throughput",
+            "batching: p99 latency vs throughput per policy",
+            caption,
+            draw,
+        )
+    ]
+
+
+# -- CDFs --------------------------------------------------------------------------------
+
+
+def _by_workload(cells: Iterable[Cell]) -> list[tuple[str, list[Cell]]]:
+    groups: dict[str, list[Cell]] = defaultdict(list)
+    for cell in cells:
+        groups[cell.record.workload].append(cell)
+    return sorted(groups.items())
+
+
+def _chunks(cells: list[Cell]) -> list[list[Cell]]:
+    return [cells[i : i + MAX_LINES] for i in range(0, len(cells), MAX_LINES)]
+
+
+def cdfs(cells: Sequence[Cell], metric: str, what: str) -> list[Plot]:
+    """Empirical CDF of ``metric``'s raw samples, one line per cell, per workload."""
+    with_samples = [c for c in cells if len(c.record.samples.get(metric, ())) > 1]
+    plots = []
+    for workload, group in _by_workload(with_samples):
+        for part, chunk in enumerate(_chunks(group), start=1):
+
+            def draw(fig: Figure, chunk: list[Cell] = chunk) -> None:
+                ax = fig.add_subplot()
+                probs = [i / (CDF_POINTS - 1) for i in range(CDF_POINTS)]
+                for cell in chunk:
+                    xs = _quantiles(cell.record.samples[metric], probs)
+                    ax.plot([x * 1e3 for x in xs], probs, lw=1.2, label=cell.label)
+                ax.set(xlabel=f"{metric} (ms, log)", ylabel="fraction of requests", xscale="log")
+                ax.set_ylim(0, 1)
+                _legend(ax)
+
+            suffix = f" ({part}/{len(_chunks(group))})" if len(group) > MAX_LINES else ""
+            plots.append(
+                _plot(
+                    f"cdf-{metric}-{_slug(workload)}-{part}",
+                    f"{what} distributions",
+                    f"{workload}: {what} CDF{suffix}",
+                    f"Share of requests at or below each {metric}; the tail is on the right.",
+                    draw,
+                )
+            )
+    return plots
+
+
+def _quantiles(samples: Sequence[float], probs: Sequence[float]) -> list[float]:
+    finite = sorted(x for x in samples if math.isfinite(x))
+    if not finite:
+        return [math.nan] * len(probs)
+    n = len(finite)
+    return [finite[min(n - 1, max(0, math.ceil(p * n) - 1))] for p in probs]
+
+
+# -- batch sizes, stages, telemetry ------------------------------------------------------
+
+
+def batch_sizes(cells: Sequence[Cell]) -> list[Plot]:
+    """How full the batches were: the batch-size histogram of each batching cell."""
+    hist = [c for c in cells if c.record.histograms.get("batch_size")]
+    plots = []
+    for part, chunk in enumerate(_chunks(hist), start=1):
+
+        def draw(fig: Figure, chunk: list[Cell] = chunk) -> None:
+            ax = fig.add_subplot()
+            width = 0.8 / len(chunk)
+            for i, cell in enumerate(chunk):
+                counts = cell.record.histograms["batch_size"]
+                total = sum(counts.values()) or 1
+                xs = [int(k) + (i - (len(chunk) - 1) / 2) * width for k in counts]
+                ax.bar(xs, [v / total for v in counts.values()], width, label=cell.label)
+            ax.set(xlabel="batch size", ylabel="share of batches")
+            _legend(ax)
+
+        plots.append(
+            _plot(
+                f"batch-sizes-{part}",
+                "Batch sizes",
+                "batch-size histograms",
+                "Share of dispatched batches of each size: a static batch waits to fill, "
+                "a dynamic one closes early at low load.",
+                draw,
+            )
+        )
+    return plots
+
+
+def preprocessing_stages(cells: Sequence[Cell]) -> list[Plot]:
+    """Stacked per-image time of each preprocessing stage, per backend configuration."""
+    staged = [c for c in cells if isinstance(c.record.metric("stage_times"), dict)]
+    if not staged:
+        return []
+
+    def draw(fig: Figure) -> None:
+        ax = fig.add_subplot()
+        stages = list(dict.fromkeys(s for c in staged for s in c.record.metric("stage_times")))
+        labels = [c.label for c in staged]
+        bottom = [0.0] * len(staged)
+        for stage in stages:
+            heights = [
+                float(c.record.metric(f"stage_times.{stage}.per_image_s") or 0.0) * 1e3
+                for c in staged
+            ]
+            ax.barh(labels, heights, left=bottom, label=stage)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.set(xlabel="ms per image")
+        ax.invert_yaxis()
+        ax.tick_params(axis="y", labelsize=6)
+        _legend(ax)
+
+    plot = _plot(
+        "preprocessing-stages",
+        "Preprocessing stages",
+        "preprocessing: where the time goes, per image",
+        "Decode, resize and normalize measured stage by stage over the corpus.",
+        draw,
+    )
+    return [plot]
+
+
+def telemetry(cells: Sequence[Cell]) -> list[Plot]:
+    """CPU use and memory over each column's cells, laid end to end in run order."""
+    plots = []
+    for column in sorted({c.column for c in cells}):
+        series = [c for c in cells if c.column == column and c.record.telemetry.get("series")]
+        series.sort(key=lambda c: c.record.started_at)
+        if not series:
+            continue
+
+        def draw(fig: Figure, series: list[Cell] = series) -> None:
+            ax = fig.add_subplot()
+            mem = ax.twinx()
+            offset = 0.0
+            for cell in series:
+                s = cell.record.telemetry["series"]
+                t = [offset + float(x) for x in s.get("t", [])]
+                cpu = [
+                    float(u) + float(v)
+                    for u, v in zip(
+                        s.get("cpu_user_pct", []), s.get("cpu_system_pct", []), strict=False
+                    )
+                ]
+                ax.plot(t[1 : len(cpu) + 1], cpu, color="tab:blue", lw=0.8)
+                mem.plot(
+                    t,
+                    [float(b) / 2**20 for b in s.get("rss_bytes", [])],
+                    color="tab:orange",
+                    lw=0.8,
+                )
+                ax.axvline(offset, color="grey", lw=0.3)
+                offset = t[-1] if t else offset
+            ax.set(
+                xlabel="seconds of measurement (cells end to end)", ylabel="process CPU % (blue)"
+            )
+            mem.set_ylabel("RSS MiB (orange)")
+
+        plots.append(
+            _plot(
+                f"telemetry-{_slug(column)}",
+                "Telemetry",
+                f"{column}: CPU and memory over the run",
+                "Sampled during each cell (grey lines separate cells); idle time between "
+                "cells is left out.",
+                draw,
+            )
+        )
+    return plots
+
+
+def all_plots(runs: RunSet) -> list[Plot]:
+    cells = ok_cells(runs)
+    return [
+        *latency_throughput(cells),
+        *cdfs(cells, "ttft", "TTFT"),
+        *cdfs(cells, "e2e", "E2E latency"),
+        *batch_sizes(cells),
+        *preprocessing_stages(cells),
+        *telemetry(cells),
+    ]

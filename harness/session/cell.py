@@ -1,0 +1,164 @@
+"""One matrix cell as a workload sees it: identity, parameters, and the result it reports.
+
+Workloads call ``Cell.finish`` once with their metrics and validity evidence; the
+plugin turns the cell into a record whatever happened (ok, invalid, failed, skipped).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.metrics.slowlog import SlowLog, with_telemetry
+from harness.metrics.telemetry import Telemetry
+from harness.metrics.validity import Evidence, Policy, Validity, judge
+from harness.results.records import (
+    CellRecord,
+    Headline,
+    ParamValue,
+    Status,
+    ValidityInfo,
+    format_param,
+)
+from harness.results.store import utcnow
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]+")
+
+
+def make_cell_id(workload: str, engine: str, params: Mapping[str, ParamValue]) -> str:
+    parts = [workload, engine, *(f"{k}={format_param(v, none='none')}" for k, v in params.items())]
+    return _UNSAFE.sub("-", ".".join(parts)).strip(".-")
+
+
+@dataclass(frozen=True)
+class CellResult:
+    metrics: dict[str, Any]
+    samples: dict[str, list[float]]
+    histograms: dict[str, dict[str, int]]
+    headline: tuple[Headline, ...]
+    window: dict[str, float | int]
+    seeds: dict[str, int]
+    validity: Validity
+    slow: SlowLog | None = None
+    single_stream: str | None = None
+
+
+@dataclass
+class Cell:
+    run_id: str
+    cell_id: str
+    workload: str
+    engine: str
+    params: dict[str, ParamValue]
+    policy: Policy
+    environment: dict[str, Any]
+    started_at: str = field(default_factory=utcnow)
+    _t0: float = field(default_factory=time.monotonic)
+    engine_info: dict[str, Any] = field(default_factory=dict)
+    result: CellResult | None = None
+    attempt: int = 1
+    telemetry: dict[str, Any] = field(default_factory=dict)
+    sampler: Telemetry | None = None
+
+    def finish(
+        self,
+        *,
+        metrics: dict[str, Any],
+        evidence: Evidence,
+        headline: Sequence[Headline],
+        samples: dict[str, list[float]] | None = None,
+        histograms: dict[str, dict[str, int]] | None = None,
+        window: dict[str, float | int] | None = None,
+        seeds: dict[str, int] | None = None,
+        slow: SlowLog | None = None,
+        single_stream: str | None = None,
+    ) -> Validity:
+        """Store the measured result; the validity verdict is decided here, once.
+
+        ``single_stream`` names the ``samples`` key holding one latency per request, for a
+        workload that kept exactly one request in flight (pytest-benchmark is fed those).
+        """
+        if self.result is not None:
+            raise RuntimeError(f"cell {self.cell_id} already finished")
+        if single_stream is not None and single_stream not in (samples or {}):
+            raise ValueError(f"single_stream={single_stream!r} names no samples of this cell")
+        validity = judge(evidence, self.policy)
+        if slow is not None:
+            metrics = metrics | {
+                "slow_requests": {
+                    "threshold_s": slow.threshold_s,
+                    "count": slow.total,
+                    "kept": len(slow.requests),
+                }
+            }
+        self.result = CellResult(
+            metrics=metrics,
+            samples=samples or {},
+            histograms=histograms or {},
+            headline=tuple(headline),
+            window=window or {},
+            seeds=seeds or {},
+            validity=validity,
+            slow=slow,
+            single_stream=single_stream,
+        )
+        return validity
+
+    def record(
+        self,
+        status: Status | None = None,
+        reasons: Sequence[str] = (),
+        *,
+        stderr_tail: Sequence[str] = (),
+        duration_s: float | None = None,
+    ) -> CellRecord:
+        """The record for this cell; ``status`` None means: as the result says."""
+        res = self.result
+        if status is None:
+            if res is None:
+                status, reasons = Status.FAILED, ["the workload ended without reporting a result"]
+            else:
+                valid = res.validity.reasons == ()
+                status = Status.OK if valid else Status.INVALID
+                reasons = list(res.validity.reasons)
+        keep = res is not None and status in (Status.OK, Status.INVALID)
+        return CellRecord(
+            run_id=self.run_id,
+            cell_id=self.cell_id,
+            workload=self.workload,
+            engine=self.engine,
+            params=self.params,
+            status=status,
+            reasons=tuple(reasons),
+            started_at=self.started_at,
+            finished_at=utcnow(),
+            duration_s=round(time.monotonic() - self._t0 if duration_s is None else duration_s, 6),
+            engine_info=self.engine_info,
+            environment=self.environment,
+            seeds=res.seeds if res else {},
+            window=res.window if res and keep else {},
+            metrics=res.metrics if res and keep else {},
+            samples=res.samples if res and keep else {},
+            histograms=res.histograms if res and keep else {},
+            headline=res.headline if res else (),
+            validity=self._validity(res.validity) if res and keep else None,
+            attempt=self.attempt,
+            stderr_tail=tuple(stderr_tail),
+            telemetry=self.telemetry,
+            slow_requests=self._slow() if keep else (),
+            single_stream=res.single_stream if res and keep else None,
+        )
+
+    def _slow(self) -> tuple[dict[str, Any], ...]:
+        if self.result is None or self.result.slow is None:
+            return ()
+        origin = self.sampler.origin if self.sampler is not None else None
+        return with_telemetry(self.result.slow, self.telemetry, origin)
+
+    def _validity(self, v: Validity) -> ValidityInfo:
+        """The verdict, with what telemetry saw (a throttled GPU) among its warnings."""
+        seen = tuple(self.telemetry.get("warnings", ()))
+        return ValidityInfo(verdict=v.verdict.value, reasons=v.reasons, warnings=v.warnings + seen)

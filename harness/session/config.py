@@ -1,0 +1,598 @@
+"""Run settings: every option validated once, at configuration time.
+
+``parse_settings`` turns raw option values into a frozen ``RunSettings`` or raises
+``UsageError`` with a message that says what was wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness.engine import registry
+from harness.load.clients import is_network_client
+from harness.metrics.streamtiming import SLO, parse_slos
+from harness.metrics.validity import Policy
+
+
+class UsageError(ValueError):
+    """A bad option value; the plugin turns it into ``pytest.UsageError``."""
+
+
+class ProfileName(enum.StrEnum):
+    QUICK = "quick"
+    FULL = "full"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How long cells measure and what they must reach to count as valid.
+
+    quick keeps every cell to seconds (CI, smoke checks); full uses windows a
+    performance engineer would trust (tens of seconds, thousands of samples).
+    """
+
+    name: ProfileName
+    window_s: float
+    requests: int
+    gen_requests: int
+    warmup_iterations: int
+    policy: Policy
+    cell_timeout_s: float
+    soak_s: float = 12.0
+    soak_windows: int = 4
+    search_points: int = 8
+    search_tolerance: float = 0.15
+    repeats: int = 2
+    """How often a capacity point is measured in all (the spread across repetitions)."""
+
+    def __post_init__(self) -> None:
+        if not self.window_s > 0 or self.requests < 1 or self.warmup_iterations < 0:
+            raise ValueError("profile windows must be positive")
+        if self.soak_windows < 2 or not self.soak_s > 0 or self.repeats < 1:
+            raise ValueError("a soak needs >= 2 windows and a capacity >= 1 measurement")
+
+
+PROFILES: dict[ProfileName, Profile] = {
+    ProfileName.QUICK: Profile(
+        ProfileName.QUICK,
+        window_s=4.0,
+        requests=300,
+        gen_requests=120,
+        warmup_iterations=10,
+        # Smoke-level lag bound: shared 2-core CI machines show scheduler stalls of
+        # several ms; lag only ever inflates the latency measured from t_sched.
+        policy=Policy(min_window_s=1.0, min_samples=100, max_lag_p99_s=0.020),
+        cell_timeout_s=600.0,
+    ),
+    ProfileName.FULL: Profile(
+        ProfileName.FULL,
+        window_s=60.0,
+        requests=5000,
+        gen_requests=1500,
+        warmup_iterations=200,
+        policy=Policy(min_window_s=30.0, min_samples=1000, max_lag_p99_s=0.002),
+        # 1500 streamed requests one at a time on a CPU take tens of minutes
+        cell_timeout_s=3600.0,
+        soak_s=600.0,
+        soak_windows=10,
+        search_points=14,
+        search_tolerance=0.05,
+        repeats=3,
+    ),
+}
+
+
+class Isolation(enum.StrEnum):
+    PROCESS = "process"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """How cells are kept apart and bounded (see harness.session.isolation).
+
+    ``process``: the cells of each engine run in a spawned worker process (one engine
+    instance alive in it at a time); a crash or hang costs the cell in flight, and the
+    worker is restarted for the rest, at most ``max_restarts`` times per engine.
+    """
+
+    isolation: Isolation = Isolation.PROCESS
+    cell_timeout_s: float | None = None  # None: the profile's
+    load_timeout_s: float = 600.0
+    request_timeout_s: float = 300.0
+    max_restarts: int = 3
+    worker_memory_bytes: int | None = None
+    resume: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cell_timeout_s", "load_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds")
+        if self.max_restarts < 0:
+            raise ValueError("max_restarts must be >= 0")
+        if self.worker_memory_bytes is not None and self.worker_memory_bytes <= 0:
+            raise ValueError("worker_memory_bytes must be > 0")
+
+
+class ClientsOn(enum.StrEnum):
+    """Where ``--clients N`` client processes run (harness.load.clients)."""
+
+    LOCAL = "local"
+    """Spawned processes of the cell's machine."""
+    RAY = "ray"
+    """Ray actors on the cluster's nodes (harness.dist.rayclients)."""
+
+
+class Dist(enum.StrEnum):
+    LOCAL = "local"
+    RAY = "ray"
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Where cells run (harness.dist.raydist): here, or as Ray tasks on a cluster.
+
+    ``address``: a running cluster (``host:port``); None starts a local Ray instance.
+    ``cpus_per_cell`` / ``gpus_per_cell``: what each cell's task asks Ray for (a GPU cell
+    gets a whole device by default: never two cells on one GPU). ``retries``: how many
+    times a cell lost to the infrastructure (its Ray worker or node died) runs again; a
+    cell that failed on its own does not. ``python``: per engine, the interpreter of a
+    pre-built environment present on every node (engine families pin conflicting
+    packages); otherwise this process's interpreter, which must exist on every node.
+    """
+
+    mode: Dist = Dist.LOCAL
+    address: str | None = None
+    cpus_per_cell: float = 1.0
+    gpus_per_cell: float = 1.0
+    retries: int = 2
+    python: Mapping[str, Path] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.cpus_per_cell) and self.cpus_per_cell > 0):
+            raise ValueError("cpus_per_cell must be > 0")
+        if not (math.isfinite(self.gpus_per_cell) and 0 < self.gpus_per_cell <= 1):
+            raise ValueError("gpus_per_cell must be in (0, 1]")
+        if self.retries < 0:
+            raise ValueError("retries must be >= 0")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "address": self.address,
+            "cpus_per_cell": self.cpus_per_cell,
+            "gpus_per_cell": self.gpus_per_cell,
+            "retries": self.retries,
+            "python": {k: str(v) for k, v in sorted(self.python.items())},
+        }
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    engines: tuple[str, ...]
+    device: str
+    profile: Profile
+    results_dir: Path
+    seed: int
+    model: Path | None = None
+    images: Path | None = None
+    dims: Mapping[str, int] = field(default_factory=dict)
+    dynamic_batch: bool = False
+    """Serve ``model`` with its fixed batch dimension rewritten as dynamic (a derived copy)."""
+    engine_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    slos: tuple[SLO, ...] = ()
+    clients: int = 1
+    """Client processes that share the load of an HTTP engine (harness.load.clients)."""
+    clients_on: ClientsOn = ClientsOn.LOCAL
+    reliability: Reliability = field(default_factory=Reliability)
+    dist: Distribution = field(default_factory=Distribution)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "engines": list(self.engines),
+            "device": self.device,
+            "profile": self.profile.name.value,
+            "window_s": self.profile.window_s,
+            "requests": self.profile.requests,
+            "warmup_iterations": self.profile.warmup_iterations,
+            "results_dir": str(self.results_dir),
+            "seed": self.seed,
+            "model": str(self.model) if self.model else None,
+            "images": str(self.images) if self.images else None,
+            "dims": dict(self.dims),
+            "dynamic_batch": self.dynamic_batch,
+            "engine_options": {k: dict(v) for k, v in self.engine_options.items()},
+            "slos": {s.key: s.threshold_s for s in self.slos},
+            "gen_requests": self.profile.gen_requests,
+            "request_timeout_s": self.reliability.request_timeout_s,
+            "clients": self.clients,
+            "clients_on": self.clients_on.value,
+            "dist": self.dist.to_json(),
+        }
+
+    @property
+    def cell_timeout_s(self) -> float:
+        return self.reliability.cell_timeout_s or self.profile.cell_timeout_s
+
+    def measurement(self) -> dict[str, Any]:
+        """The settings a resumed run must share with the original (what the numbers
+        depend on); where results land and how cells are isolated may differ."""
+        data = self.to_json()
+        data.pop("results_dir")
+        data.pop("dist")  # a run started on one machine may be finished on a cluster
+        return data
+
+
+def _split_engines(values: Iterable[str]) -> tuple[str, ...]:
+    names: list[str] = []
+    for value in values:
+        for part in value.split(","):
+            name = part.strip()
+            if name and name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+def _engines(values: Sequence[str] | None) -> tuple[str, ...]:
+    names = _split_engines(values or ["onnxruntime"])
+    known = registry.names()
+    for name in names:
+        if name not in known:
+            raise UsageError(str(registry.UnknownEngine(name, known)))
+    return names
+
+
+def _profile(name: str, window: float | None, requests: int | None) -> Profile:
+    try:
+        base = PROFILES[ProfileName(name)]
+    except ValueError:
+        choices = ", ".join(p.value for p in ProfileName)
+        raise UsageError(f"--profile {name!r} is not a profile; choose one of: {choices}") from None
+    if window is not None:
+        if not (math.isfinite(window) and window > 0):
+            raise UsageError(f"--window must be a positive number of seconds, got {window}")
+        floor = base.policy.min_window_s
+        if window <= floor:
+            # the measured window ends at the last arrival, before the scheduled end
+            raise UsageError(
+                f"--window {window:g}: the {base.name.value} profile judges a cell valid only"
+                f" over a measured window of at least {floor:g} s, which a window of"
+                f" {window:g} s cannot give; use more than {floor:g} s"
+            )
+        base = replace(base, window_s=window)
+    if requests is not None:
+        if requests < 1:
+            raise UsageError(f"--requests must be >= 1, got {requests}")
+        base = replace(base, requests=requests, gen_requests=requests)
+    return base
+
+
+def _device(device: str) -> str:
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise UsageError(f"--device {device!r}: use cpu, cuda or cuda:N")
+    return device
+
+
+def _model(model: str | None) -> Path | None:
+    if model is None:
+        return None
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise UsageError(f"--model {model!r} does not exist; give a local model file or directory")
+    return path.resolve()
+
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def cache_root() -> Path:
+    """Where generated models, corpora and built engines are cached: $HARNESS_CACHE_DIR,
+    else ~/.cache/inference-harness."""
+    return Path(os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "inference-harness")
+
+
+def _images(images: str | None) -> Path | None:
+    if images is None:
+        return None
+    path = Path(images).expanduser()
+    if not path.is_dir():
+        raise UsageError(f"--images {images!r} is not a directory; give a folder of images")
+    if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.iterdir()):
+        raise UsageError(f"--images {images!r} holds no {', '.join(IMAGE_SUFFIXES)} file")
+    return path.resolve()
+
+
+def _pairs(values: Sequence[str] | None, option: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values or ():
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip() or not val.strip():
+            raise UsageError(f"{option} {item!r}: expected KEY=VALUE")
+        if key.strip() in out:
+            raise UsageError(
+                f"{option} {key.strip()} is given twice ({out[key.strip()]!r} and"
+                f" {val.strip()!r}); give it once"
+            )
+        out[key.strip()] = val.strip()
+    return out
+
+
+def _dims(values: Sequence[str] | None) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for key, val in _pairs(values, "--dim").items():
+        if not val.isdigit() or int(val) < 1:
+            raise UsageError(f"--dim {key}={val}: the size must be a positive integer")
+        dims[key] = int(val)
+    return dims
+
+
+def _dynamic_batch(dynamic_batch: bool, model: str | None) -> bool:
+    if dynamic_batch and model is None:
+        raise UsageError(
+            "--dynamic-batch rewrites the batch dimension of your --model; without --model"
+            " the embedded models already have a dynamic batch"
+        )
+    return dynamic_batch
+
+
+def _engine_options(
+    values: Sequence[str] | None, engines: Sequence[str]
+) -> dict[str, dict[str, str]]:
+    by_engine: dict[str, dict[str, str]] = {name: {} for name in engines}
+    for key, val in _pairs(values, "--engine-opt").items():
+        engine, dot, opt = key.partition(".")
+        if not dot or engine not in by_engine:
+            raise UsageError(
+                f"--engine-opt {key}={val}: expected ENGINE.OPTION=VALUE with ENGINE one of"
+                f" {', '.join(engines)}"
+            )
+        by_engine[engine][opt] = val
+    for engine, opts in by_engine.items():
+        try:
+            registry.load(engine).validate_options(opts)
+        except ValueError as exc:
+            raise UsageError(f"--engine-opt for {engine}: {exc}") from None
+    return by_engine
+
+
+def parse_settings(
+    *,
+    engines: Sequence[str] | None,
+    device: str,
+    profile: str,
+    results_dir: str,
+    seed: int,
+    model: str | None = None,
+    images: str | None = None,
+    window: float | None = None,
+    requests: int | None = None,
+    dims: Sequence[str] | None = None,
+    dynamic_batch: bool = False,
+    engine_options: Sequence[str] | None = None,
+    slo: str | None = None,
+    clients: int = 1,
+    clients_on: str = "local",
+    reliability: Reliability | None = None,
+    dist: Distribution | None = None,
+) -> RunSettings:
+    names = _engines(engines)
+    dist = dist or Distribution()
+    if seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {seed}")
+    return RunSettings(
+        engines=names,
+        device=_device(device),
+        profile=_profile(profile, window, requests),
+        results_dir=Path(results_dir),
+        seed=seed,
+        model=_model(model),
+        images=_images(images),
+        dims=_dims(dims),
+        dynamic_batch=_dynamic_batch(dynamic_batch, model),
+        engine_options=_engine_options(engine_options, names),
+        slos=_slos(slo),
+        clients=_clients(clients, names),
+        clients_on=_clients_on(clients_on, clients, dist),
+        reliability=reliability or Reliability(),
+        dist=dist,
+    )
+
+
+_SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_size(text: str, option: str) -> int:
+    """``"512MiB"``, ``"2G"``, ``"1.5GiB"``, ``"4096"`` (bytes) -> bytes."""
+    raw = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = raw[-1:] if raw[-1:] in _SIZE_UNITS and raw[-1:] != "" else ""
+    number = raw[: -len(unit)] if unit else raw
+    try:
+        value = float(number) * _SIZE_UNITS[unit]
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected a size such as 512MiB or 2GiB") from None
+    if not (math.isfinite(value) and value >= 1):
+        raise UsageError(f"{option} {text!r}: the size must be positive")
+    return int(value)
+
+
+def parse_reliability(
+    *,
+    isolation: str,
+    cell_timeout: float | None,
+    load_timeout: float,
+    request_timeout: float,
+    max_restarts: int,
+    worker_memory: str | None,
+    resume: str | None,
+) -> Reliability:
+    try:
+        mode = Isolation(isolation)
+    except ValueError:
+        raise UsageError(f"--isolation {isolation!r}: choose process or none") from None
+    for option, value in (
+        ("--cell-timeout", cell_timeout),
+        ("--load-timeout", load_timeout),
+        ("--request-timeout", request_timeout),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{option} must be a positive number of seconds, got {value}")
+    if max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, got {max_restarts}")
+    return Reliability(
+        isolation=mode,
+        cell_timeout_s=cell_timeout,
+        load_timeout_s=load_timeout,
+        request_timeout_s=request_timeout,
+        max_restarts=max_restarts,
+        worker_memory_bytes=parse_size(worker_memory, "--worker-memory") if worker_memory else None,
+        resume=_resume_dir(resume),
+    )
+
+
+def parse_dist(
+    *,
+    mode: str,
+    address: str | None,
+    cpus_per_cell: float,
+    gpus_per_cell: float,
+    retries: int,
+    python: Sequence[str] | None,
+    isolation: str,
+    clients_on: str = "local",
+) -> Distribution:
+    # "no" as pytest-xdist spells it: pytest-benchmark reads any other value of the
+    # option as xdist distributing tests, and disables itself
+    try:
+        dist = Dist.LOCAL if mode == "no" else Dist(mode)
+    except ValueError:
+        raise UsageError(f"--dist {mode!r}: choose no (this machine) or ray") from None
+    if dist is Dist.LOCAL:
+        return _local_dist(address, python, clients_on)
+    _need_ray("--dist=ray")
+    if isolation != Isolation.PROCESS.value:
+        raise UsageError("--dist=ray runs every cell with process isolation: drop --isolation")
+    try:
+        return Distribution(
+            mode=dist,
+            address=address,
+            cpus_per_cell=cpus_per_cell,
+            gpus_per_cell=gpus_per_cell,
+            retries=retries,
+            python=_pythons(python or ()),
+        )
+    except ValueError as exc:
+        raise UsageError(f"--dist=ray: {exc}") from None
+
+
+def _local_dist(address: str | None, python: Sequence[str] | None, clients_on: str) -> Distribution:
+    """Cells on this machine; a Ray address only for clients on Ray."""
+    if python:
+        raise UsageError("--ray-python only applies with --dist=ray")
+    if address and clients_on != ClientsOn.RAY.value:
+        raise UsageError("--ray-address only applies with --dist=ray or --clients-on=ray")
+    if clients_on == ClientsOn.RAY.value:
+        _need_ray("--clients-on=ray")
+    return Distribution(address=address)
+
+
+def _need_ray(option: str) -> None:
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError(
+            f"{option} needs Ray: pip install 'inference-harness[ray]' (or tox -e ray)"
+        )
+
+
+def _pythons(values: Sequence[str]) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for value in values:
+        engine, sep, path = value.partition("=")
+        if not sep or not engine.strip() or not path.strip():
+            raise UsageError(
+                f"--ray-python {value!r}: expected ENGINE=PATH to a Python interpreter,"
+                " e.g. torch=/opt/envs/torch/bin/python"
+            )
+        out[engine.strip()] = Path(path.strip())
+    return out
+
+
+def check_writable_dir(path: Path, option: str) -> None:
+    """Prove, before anything is measured, that files can be written in ``path`` (or, if
+    it does not exist yet, in its nearest existing parent, where it will be created): a
+    run that cannot store its records would lose every cell."""
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "is a file" if probe == path.absolute() else f"is under the file {probe}"
+        raise UsageError(f"{option} {str(path)!r} {what}; give a directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe, prefix=".harness-probe-"):
+            pass
+    except OSError as exc:
+        where = "" if probe == path.absolute() else f" (in {probe}, where it would be created)"
+        raise UsageError(
+            f"{option} {str(path)!r}: cannot write files there{where}:"
+            f" {exc.strerror or exc}; give a directory this user can write to"
+        ) from None
+
+
+def _resume_dir(resume: str | None) -> Path | None:
+    if resume is None:
+        return None
+    path = Path(resume).expanduser().resolve()
+    if not (path / "manifest.json").is_file():
+        raise UsageError(f"--resume {resume!r}: not a run directory (no manifest.json in it)")
+    return path
+
+
+def _clients(clients: int, engines: Sequence[str]) -> int:
+    """Several client processes each hold their own engine instance: only an engine that
+    is a client of a server (HTTP) can be driven that way."""
+    if clients < 1:
+        raise UsageError(f"--clients must be >= 1, got {clients}")
+    local = [e for e in engines if clients > 1 and not is_network_client(registry.load(e))]
+    if local:
+        raise UsageError(
+            f"--clients {clients}: not an HTTP engine: {', '.join(local)}; several client"
+            " processes can only drive an engine that is a client of a server (e.g. openai)"
+        )
+    return clients
+
+
+def _clients_on(where: str, clients: int, dist: Distribution) -> ClientsOn:
+    try:
+        on = ClientsOn(where)
+    except ValueError:
+        raise UsageError(f"--clients-on {where!r}: choose local or ray") from None
+    if on is ClientsOn.LOCAL:
+        return on
+    if clients < 2:
+        raise UsageError(
+            "--clients-on=ray puts client processes on a Ray cluster: give --clients N"
+            " (N >= 2); with one client the load comes from the cell's own process"
+        )
+    if dist.mode is Dist.LOCAL and dist.address is None and not os.environ.get("RAY_ADDRESS"):
+        raise UsageError(
+            "--clients-on=ray needs the cluster: give --ray-address HOST:PORT (or set"
+            " RAY_ADDRESS, or run with --dist=ray, whose cells reach the cluster they run on)"
+        )
+    return on
+
+
+def _slos(text: str | None) -> tuple[SLO, ...]:
+    if not text:
+        return ()
+    try:
+        return parse_slos(text)
+    except ValueError as exc:
+        raise UsageError(f"--slo {text!r}: {exc}") from None

@@ -1,0 +1,324 @@
+"""The harness's pytest options (one group) and their validation into ``RunSettings``."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.results import redact
+from harness.session.config import (
+    ProfileName,
+    RunSettings,
+    UsageError,
+    parse_dist,
+    parse_reliability,
+    parse_settings,
+)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """The one options group, "harness"."""
+    group = parser.getgroup("harness", "inference benchmark harness")
+    group.addoption(
+        "--engine",
+        action="append",
+        metavar="NAME[,NAME]",
+        help="engine(s) to benchmark; repeat or comma-separate (default: onnxruntime)",
+    )
+    group.addoption(
+        "--model", metavar="PATH", help="run a local model instead of the embedded default"
+    )
+    group.addoption(
+        "--images",
+        metavar="DIR",
+        help="preprocessing workload: your .jpg/.png files instead of the seeded synthetic set",
+    )
+    group.addoption("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    group.addoption(
+        "--results-dir",
+        default="results/runs",
+        metavar="DIR",
+        help="where run directories are created (default: results/runs)",
+    )
+    group.addoption(
+        "--profile",
+        default="quick",
+        help=f"{' | '.join(p.value for p in ProfileName)}: quick keeps cells to seconds,"
+        " full uses windows worth trusting (default: quick)",
+    )
+    group.addoption("--seed", type=int, default=0, help="seed for inputs and arrivals (default: 0)")
+    group.addoption(
+        "--window", type=float, metavar="SECONDS", help="override the profile's measured window"
+    )
+    group.addoption(
+        "--requests", type=int, metavar="N", help="override the profile's closed-loop request count"
+    )
+    group.addoption(
+        "--dim",
+        action="append",
+        metavar="NAME=SIZE",
+        help="size for a named dynamic dimension of a --model's inputs",
+    )
+    group.addoption(
+        "--dynamic-batch",
+        action="store_true",
+        default=False,
+        help="serve --model with its fixed batch dimension rewritten as dynamic, in a cached"
+        " copy (your file is untouched); recorded in every record",
+    )
+    group.addoption(
+        "--slo",
+        metavar="METRIC_pNN=DURATION[,...]",
+        help="SLOs for goodput and verdicts, e.g. ttft_p99=200ms,tpot_p99=50ms",
+    )
+    group.addoption(
+        "--engine-opt",
+        action="append",
+        metavar="ENGINE.KEY=VALUE",
+        help="adapter option, e.g. onnxruntime.intra_op_threads=2",
+    )
+    group.addoption(
+        "--clients",
+        type=int,
+        default=1,
+        metavar="N",
+        help="client processes sharing the load of an HTTP engine, each taking every N-th"
+        " scheduled request (default: 1, the load comes from this process)",
+    )
+    group.addoption(
+        "--clients-on",
+        default="local",
+        metavar="WHERE",
+        help="local: --clients processes on the cell's machine; ray: Ray actors spread over"
+        " the cluster of --ray-address (or of --dist=ray), clocks aligned on wall time"
+        " (default: local)",
+    )
+    _add_reliability_options(parser)
+    VALUE_OPTIONS.update(
+        name
+        for arg in group.options
+        if arg.attrs().get("action", "store") in ("store", "append")
+        for name in arg.names()
+    )
+
+
+VALUE_OPTIONS: set[str] = set()
+"""The harness's options that take a value (filled by ``add_options``)."""
+
+
+def check_rootdir(config: pytest.Config) -> None:
+    """Refuse a session whose rootdir pytest took from a harness option's value.
+
+    pytest chooses the rootdir and config file from the command line's paths before any
+    plugin has added its options, so in ``--results-dir /elsewhere`` it reads
+    ``/elsewhere`` as a test path: the session is rooted outside the project, loses its
+    configuration (``testpaths``) and collects the project's own tests as well. The
+    ``--option=value`` form is never read that way.
+    """
+    args = config.invocation_params.args
+    if any(a.startswith(("--rootdir", "-c", "--config-file", "--inifile")) for a in args):
+        return  # the user chose where the session is rooted
+    here = config.invocation_params.dir
+    culprits = [
+        (name, value)
+        for name, value in itertools.pairwise(args)
+        if name in VALUE_OPTIONS and _names_a_path(here, value)
+    ]
+    if not culprits:
+        return
+    intended = _rootdir_without_options(config)
+    moved = config.rootpath != intended if intended is not None else config.inipath is None
+    if moved:
+        fixed = " ".join(f"{name}={value}" for name, value in culprits)
+        raise pytest.UsageError(
+            "pytest read "
+            + ", ".join(f"{value!r} (the value of {name})" for name, value in culprits)
+            + " as a test path before the harness's options existed, and so rooted the"
+            f" session at {config.rootpath}"
+            + (f" instead of {intended}" if intended is not None else "")
+            + f"; write {fixed}"
+        )
+
+
+def _names_a_path(here: Path, arg: str) -> bool:
+    try:
+        return (here / arg.split("::", maxsplit=1)[0]).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _rootdir_without_options(config: pytest.Config) -> Path | None:
+    """The rootdir pytest would choose from the command line's real paths alone, asked of
+    pytest's own (private, version-dependent) function; None where it cannot be asked."""
+    try:
+        from _pytest.config.findpaths import determine_setup  # noqa: PLC0415
+    except ImportError:
+        return None
+    wanted: dict[str, Any] = {
+        "inifile": None,
+        "override_ini": config.option.override_ini,
+        "args": list(config.option.file_or_dir or ()),
+        "rootdir_cmd_arg": None,
+        "invocation_dir": config.invocation_params.dir,
+    }
+    try:
+        params = inspect.signature(determine_setup).parameters
+        result = determine_setup(**{k: v for k, v in wanted.items() if k in params})
+    except Exception:  # any change of that private API: fall back to the heuristic
+        return None
+    root = result[0]
+    return root if isinstance(root, Path) else None
+
+
+def _add_reliability_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness")
+    group.addoption(
+        "--isolation",
+        default="process",
+        help="process: each engine's cells run in a spawned worker, so a crash or hang costs"
+        " one cell; none: in this process (debugging) (default: process)",
+    )
+    group.addoption(
+        "--cell-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="deadline of one cell, engine loading excluded; past it the cell is a timeout"
+        " (default: 600 quick, 3600 full)",
+    )
+    group.addoption(
+        "--load-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="deadline for starting a worker or loading an engine (default: 600)",
+    )
+    group.addoption(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="a request not answered within this is a failed request (default: 300)",
+    )
+    group.addoption(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="worker restarts per engine after crashes/timeouts before its remaining cells"
+        " are failed (default: 3)",
+    )
+    group.addoption(
+        "--worker-memory",
+        metavar="SIZE",
+        help="kill a worker whose processes hold more than SIZE (e.g. 8GiB) and record its"
+        " cell as crashed (default: 90%% of RAM)",
+    )
+    group.addoption(
+        "--resume",
+        metavar="RUN_DIR",
+        help="finish an interrupted or failed run: run only its cells without an ok record",
+    )
+    _add_dist_options(group)
+    # Internal: how a controller starts a worker (harness.session.isolation).
+    group.addoption("--harness-worker", metavar="SPEC", help=argparse.SUPPRESS)
+    # Internal: a run of exactly one cell, on a Ray node (harness.dist.remotecell).
+    group.addoption("--harness-only", metavar="NODEID", help=argparse.SUPPRESS)
+    group.addoption("--harness-events-fd", type=int, help=argparse.SUPPRESS)
+
+
+def _add_dist_options(group: pytest.OptionGroup) -> None:
+    group.addoption(
+        "--dist",
+        default="no",
+        help="no (or local): cells run on this machine; ray: each cell is a Ray task on a"
+        " cluster, records come back into this run directory (default: no)",
+    )
+    group.addoption(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="the Ray cluster to run on (default: start a local Ray instance)",
+    )
+    group.addoption(
+        "--ray-cpus-per-cell",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="CPUs each cell's Ray task asks for (default: 1)",
+    )
+    group.addoption(
+        "--ray-gpus-per-cell",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="GPUs a --device=cuda cell's task asks for; 1 keeps cells off each other's"
+        " device (default: 1)",
+    )
+    group.addoption(
+        "--ray-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="reruns of a cell lost to the cluster (dead worker or node); a cell that failed"
+        " on its own is not rerun (default: 2)",
+    )
+    group.addoption(
+        "--ray-python",
+        action="append",
+        metavar="ENGINE=PATH",
+        help="the Python of a pre-built environment for ENGINE's cells on every node",
+    )
+
+
+def settings_from(config: pytest.Config) -> RunSettings:
+    """Every option validated once; a bad value is a usage error, never a traceback.
+
+    Secrets in engine options are remembered first, so that no message, record, log or
+    report line shows them, even one about a malformed option."""
+    opt = config.getoption
+    for item in opt("engine_opt") or ():
+        key, _, value = item.partition("=")
+        redact.remember(redact.secrets_in_value(key, value))
+    try:
+        reliability = parse_reliability(
+            isolation=opt("isolation"),
+            cell_timeout=opt("cell_timeout"),
+            load_timeout=opt("load_timeout"),
+            request_timeout=opt("request_timeout"),
+            max_restarts=opt("max_restarts"),
+            worker_memory=opt("worker_memory"),
+            resume=opt("resume"),
+        )
+        return parse_settings(
+            engines=opt("engine"),
+            device=opt("device"),
+            profile=opt("profile"),
+            results_dir=opt("results_dir"),
+            seed=opt("seed"),
+            model=opt("model"),
+            images=opt("images"),
+            window=opt("window"),
+            requests=opt("requests"),
+            dims=opt("dim"),
+            dynamic_batch=opt("dynamic_batch"),
+            engine_options=opt("engine_opt"),
+            slo=opt("slo"),
+            clients=opt("clients"),
+            clients_on=opt("clients_on"),
+            reliability=reliability,
+            dist=parse_dist(
+                mode=opt("dist"),
+                address=opt("ray_address"),
+                cpus_per_cell=opt("ray_cpus_per_cell"),
+                gpus_per_cell=opt("ray_gpus_per_cell"),
+                retries=opt("ray_retries"),
+                python=opt("ray_python"),
+                isolation=opt("isolation"),
+                clients_on=opt("clients_on"),
+            ),
+        )
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
