@@ -34,8 +34,9 @@ import numpy as np
 from harness.engine import EngineConfig, GenerationRequest, TensorEngine, registry
 from harness.load.arrivals import Arrivals, OpenLoop
 from harness.load.capacity import Point, SearchPolicy, capacity_search
-from harness.load.clients import Deadlines, LocalProcesses, OpenShare, SharedLoad, run_shared
+from harness.load.clients import Deadlines, OpenShare, SharedLoad, run_shared
 from harness.load.clock import MonotonicClock
+from harness.load.localclients import LocalProcesses
 from harness.load.serving import NoBatching, serve_open_loop
 from harness.load.stream_summary import summarize_stream
 from harness.metrics import stats

@@ -14,7 +14,7 @@ import pytest
 from harness.results.records import Status
 from tests.support.imagefiles import write_small_corpus
 from tests.support.runner import run_workloads
-from workloads import images, pipeline, preprocess
+from workloads import backends, images, pipeline, preprocess
 
 dali = pytest.importorskip("nvidia.dali")
 Image = pytest.importorskip("PIL.Image")
@@ -28,7 +28,7 @@ def _png(pixels: np.ndarray) -> bytes:
 
 @pytest.fixture(scope="module")
 def backend():
-    made = preprocess.make("dali-cpu", threads=2)
+    made = backends.make("dali-cpu", threads=2)
     yield made
     made.close()
 
@@ -92,7 +92,7 @@ def test_dali_gpu_says_it_needs_a_gpu():
     if dali.backend.GetCUDADeviceCount() > 0:
         pytest.skip("a GPU is present: dali-gpu can run here")
     with pytest.raises(preprocess.Unavailable, match="dali-gpu needs an NVIDIA GPU"):
-        preprocess.make("dali-gpu")
+        backends.make("dali-gpu")
 
 
 def test_the_workload_runs_dali_cpu_cells_ok(tmp_path: Path):

@@ -13,7 +13,7 @@ import pytest
 from tests.support.imagefiles import write_small_corpus
 from tests.support.runner import pytest_workloads
 from workloads import pipeline
-from workloads.preprocess import make
+from workloads.backends import make
 
 Image = pytest.importorskip("PIL.Image")
 

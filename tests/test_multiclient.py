@@ -29,10 +29,8 @@ from harness.load.clients import (
     ClosedShare,
     Deadlines,
     Launched,
-    LocalProcesses,
     OpenShare,
     SharedLoad,
-    client_process,
     clock_shift,
     common_now,
     is_network_client,
@@ -42,6 +40,7 @@ from harness.load.clients import (
     run_shared,
     shifted,
 )
+from harness.load.localclients import LocalProcesses, client_process
 from harness.load.stream_summary import summarize_stream
 from harness.metrics.streamtiming import RequestRecord
 from harness.metrics.validity import Verdict, judge

@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pytest
 
-from workloads import images, preprocess
+from workloads import backends, images, preprocess
 
 Image = pytest.importorskip("PIL.Image")
 pytest.importorskip("cv2")
@@ -113,12 +113,12 @@ def test_worker_threads_and_staged_runs_give_the_same_batch():
 
 
 def test_backends_are_made_by_name_and_say_why_they_cannot_run(monkeypatch):
-    pil = preprocess.make("pil", threads=2)
+    pil = backends.make("pil", threads=2)
     assert (pil.name, pil.describe()["threads"]) == ("pil", 2)
     assert "pillow" in pil.describe()["versions"]
     pil.close()
     with pytest.raises(ValueError, match="no preprocessing backend 'magick'; have dali-cpu"):
-        preprocess.make("magick")
+        backends.make("magick")
     with pytest.raises(ValueError, match="threads"):
         preprocess.PilPreprocessor(threads=0)
     real = preprocess.importlib.import_module
@@ -130,4 +130,4 @@ def test_backends_are_made_by_name_and_say_why_they_cannot_run(monkeypatch):
 
     monkeypatch.setattr(preprocess.importlib, "import_module", no_cv2)
     with pytest.raises(preprocess.Unavailable, match="pip install opencv-python-headless"):
-        preprocess.make("opencv")
+        backends.make("opencv")

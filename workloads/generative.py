@@ -26,13 +26,13 @@ from harness.load.clients import (
     ClosedShare,
     Deadlines,
     Launcher,
-    LocalProcesses,
     OpenShare,
     Share,
     SharedLoad,
     run_shared,
 )
 from harness.load.clock import MonotonicClock
+from harness.load.localclients import LocalProcesses
 from harness.load.stream_summary import summarize_stream
 from harness.load.streamdriver import Driver
 from harness.metrics.streamtiming import RequestRecord

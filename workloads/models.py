@@ -16,13 +16,12 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from harness.session.config import cache_root
 
@@ -247,27 +246,3 @@ def embedded(name: str, seed: int = 0) -> EmbeddedModel:
             fh.write(data)
         os.replace(tmp, path)
     return EmbeddedModel(name, path, digest, seed)
-
-
-def open_model(
-    open_engine: Any, cell: Any, settings: Any, default: str, batches: Collection[int] = (1,)
-) -> Any:
-    """Load ``--model`` if given (as ``workloads.usermodel`` prepared it), else the embedded
-    ``default``, as a tensor engine of the cell; skips the cell when the model's fixed
-    batch dimension cannot take the ``batches`` sizes the cell sends."""
-    from harness.engine import EngineError, TensorEngine  # noqa: PLC0415
-    from workloads.usermodel import batch_conflict, user_model  # noqa: PLC0415
-
-    user = user_model(settings, cell.engine)
-    embedded_model = None if user else embedded(default, settings.seed)
-    engine = open_engine(user.path if user else embedded_model.path)  # type: ignore[union-attr]
-    if not isinstance(engine, TensorEngine):
-        raise EngineError(f"{cell.engine} is not a tensor engine")
-    if embedded_model is not None:
-        cell.engine_info["embedded_model"] = embedded_model.describe()
-    if user is not None:
-        cell.engine_info["user_model"] = user.describe()
-    conflict = batch_conflict(engine.input_specs(), batches, user)
-    if conflict:
-        pytest.skip(conflict)
-    return engine

@@ -26,6 +26,7 @@ import numpy as np
 import psutil
 
 from workloads import images
+from workloads.backends import make
 from workloads.preprocess import (
     Batch,
     DecodeError,
@@ -34,7 +35,6 @@ from workloads.preprocess import (
     Transform,
     Unavailable,
     decode_reason,
-    make,
     parity,
 )
 

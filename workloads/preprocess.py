@@ -274,20 +274,3 @@ def parity(out: Batch, reference: Batch) -> dict[str, float]:
         raise ValueError(f"shapes differ: {out.shape} vs {reference.shape}")
     diff = np.abs(out.astype(np.float64) - reference.astype(np.float64))
     return {"max_abs": float(diff.max()), "mean_abs": float(diff.mean())}
-
-
-BACKENDS = ("dali-cpu", "dali-gpu", "pil", "opencv")
-REFERENCE = "pil"
-
-
-def make(name: str, transform: Transform | None = None, threads: int = 1) -> Preprocessor:
-    """The backend ``name``; raises ``Unavailable`` with the reason where it cannot run."""
-    if name == "pil":
-        return PilPreprocessor(transform, threads)
-    if name == "opencv":
-        return OpenCvPreprocessor(transform, threads)
-    if name in ("dali-cpu", "dali-gpu"):
-        from workloads.dali import DaliPreprocessor  # noqa: PLC0415
-
-        return DaliPreprocessor(transform, threads, device=name.removeprefix("dali-"))
-    raise ValueError(f"no preprocessing backend {name!r}; have {', '.join(BACKENDS)}")

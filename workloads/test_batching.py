@@ -30,7 +30,7 @@ from harness.session.cell import Cell
 from harness.session.config import ProfileName, RunSettings
 from workloads import inputs
 from workloads.load import timed_batch
-from workloads.models import open_model
+from workloads.usermodel import open_model
 
 DISTINCT_INPUTS = 64
 MODEL = "tiny-cnn"

@@ -40,7 +40,7 @@ from workloads.load import (
     finish_soak,
     finish_sweep,
 )
-from workloads.models import open_model
+from workloads.usermodel import open_model
 
 MODEL = "tiny-cnn"
 DISTINCT_INPUTS = 64

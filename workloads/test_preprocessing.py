@@ -32,9 +32,10 @@ from harness.results.records import Headline
 from harness.session.cell import Cell
 from harness.session.config import ProfileName, RunSettings
 from workloads import pipeline
-from workloads.models import open_model
+from workloads.backends import BACKENDS, REFERENCE, make
 from workloads.pipeline import Corpus, Limits, Tolerance, Window
-from workloads.preprocess import BACKENDS, REFERENCE, Preprocessor, Transform, Unavailable, make
+from workloads.preprocess import Preprocessor, Transform, Unavailable
+from workloads.usermodel import open_model
 
 TOLERANCE = Tolerance()
 MODEL = "tiny-cnn"

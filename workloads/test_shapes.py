@@ -31,7 +31,7 @@ from harness.results.records import Headline
 from harness.session.cell import Cell
 from harness.session.config import RunSettings
 from workloads import inputs, models
-from workloads.models import open_model
+from workloads.usermodel import open_model
 
 # Embedded model -> maximum size of each of its dynamic dims.
 EMBEDDED_DIMS: dict[str, dict[str, int]] = {

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engines.onnxprep import (
     ModelError,
     OnnxModel,
@@ -238,3 +240,26 @@ def _sizes(sizes: Collection[int]) -> str:
     if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
         return f"{ordered[0]} to {ordered[-1]}"
     return " and ".join(", ".join(map(str, ordered)).rsplit(", ", 1))
+
+
+def open_model(
+    open_engine: Any, cell: Any, settings: Any, default: str, batches: Collection[int] = (1,)
+) -> Any:
+    """Load ``--model`` if given (as ``workloads.usermodel`` prepared it), else the embedded
+    ``default``, as a tensor engine of the cell; skips the cell when the model's fixed
+    batch dimension cannot take the ``batches`` sizes the cell sends."""
+    from harness.engine import EngineError, TensorEngine  # noqa: PLC0415
+
+    user = user_model(settings, cell.engine)
+    embedded_model = None if user else models.embedded(default, settings.seed)
+    engine = open_engine(user.path if user else embedded_model.path)  # type: ignore[union-attr]
+    if not isinstance(engine, TensorEngine):
+        raise EngineError(f"{cell.engine} is not a tensor engine")
+    if embedded_model is not None:
+        cell.engine_info["embedded_model"] = embedded_model.describe()
+    if user is not None:
+        cell.engine_info["user_model"] = user.describe()
+    conflict = batch_conflict(engine.input_specs(), batches, user)
+    if conflict:
+        pytest.skip(conflict)
+    return engine

@@ -1,0 +1,116 @@
+"""The shape of the code, checked: harness/ grouped by job into a few subpackages whose
+dependencies run one way, no import cycle anywhere in harness/, engines/ and workloads/
+(imports inside functions included), and no module too long to read."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("harness", "engines", "workloads")
+# harness's subpackages, lowest first: each may import only from its own rank or below
+RANKS = {
+    "exceptions": 0,
+    "engine": 1,
+    "metrics": 1,
+    "results": 1,
+    "load": 2,
+    "session": 3,
+    "report": 3,
+    "dist": 4,
+    "api": 5,
+    "plugin": 6,
+    "cli": 6,
+    "__main__": 7,
+}
+MAX_LINES = 600
+MAX_TOP_LEVEL = 13
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+
+
+def _targets(node: ast.AST, module: str, is_package: bool) -> Iterator[str]:
+    if isinstance(node, ast.Import):
+        yield from (a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            parts = module.split(".")
+            keep = len(parts) - node.level + (1 if is_package else 0)
+            base = ".".join([*parts[:keep], *([node.module] if node.module else [])])
+        yield base
+        yield from (f"{base}.{a.name}" for a in node.names)
+
+
+def imports(module: str) -> set[str]:
+    """Every project module ``module`` imports, at any depth of its code."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        found.update(_targets(node, module, path.name == "__init__.py"))
+    return {m for m in found if m in MODULES and m != module}
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+def _cycle() -> list[str]:
+    """One import cycle of the project's modules, [] if there is none."""
+    try:
+        graphlib.TopologicalSorter(GRAPH).prepare()
+    except graphlib.CycleError as exc:
+        return list(exc.args[1])
+    return []
+
+
+def test_no_import_cycle_in_harness_engines_or_workloads():
+    assert _cycle() == []
+
+
+def test_the_cycle_finder_finds_a_cycle(monkeypatch):
+    # the serving loop imports the contract: the contract importing it back closes a loop
+    monkeypatch.setitem(GRAPH, "harness.engine.contract", {"harness.load.serving"})
+    assert {"harness.load.serving", "harness.engine.contract"} <= set(_cycle())
+
+
+def _part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "harness" and len(parts) > 1 else None
+
+
+def test_harness_dependencies_run_one_way():
+    upward = []
+    for module, deps in GRAPH.items():
+        low = _part(module)
+        for dep in deps:
+            high = _part(dep)
+            if low and high and low != high and RANKS[high] > RANKS[low]:
+                upward.append(f"{module} imports {dep}")
+    assert upward == []
+
+
+def test_harness_has_a_dozen_top_level_modules_and_every_one_is_ranked():
+    entries = sorted(
+        p.stem for p in (REPO / "harness").iterdir() if p.suffix == ".py" or p.is_dir()
+    )
+    entries = [e for e in entries if e not in ("__init__", "templates", "__pycache__")]
+    assert len(entries) <= MAX_TOP_LEVEL, entries
+    assert set(entries) <= set(RANKS), set(entries) - set(RANKS)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("harness")))
+def test_no_harness_module_is_longer_than_it_can_be_read(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[module]}: {lines} lines"
