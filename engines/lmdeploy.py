@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from packaging.version import Version
 
+from engines.llmstream import delta_chunk
 from harness.engine import (
     Availability,
     BatchingMode,
@@ -44,27 +45,29 @@ from harness.engine import (
     RequestError,
     installed_version,
     is_fatal,
-    reject_unknown_options,
 )
+from harness.engine.options import OptionSchema, choice, flag, integer, number
 
 MIN_VERSION = "0.16"
 """The first release with ``AsyncEngine.preprocess`` and a raised ``RequestError``."""
 BACKENDS = ("turbomind", "pytorch")
-DEFAULTS = {
-    "backend": "turbomind",
-    "max_batch_size": "64",
-    "cache_max_entry_count": "0.8",
-    "enable_prefix_caching": "0",
-    "tp": "1",
-}
-OPTIONS = {
-    "backend": "turbomind (default) or pytorch",
-    "max_batch_size": "most sequences served at once (default 64)",
-    "cache_max_entry_count": "share of free GPU memory for the KV cache (default 0.8)",
-    "enable_prefix_caching": "0/1 (default 0: off unless studied)",
-    "session_len": "context length (default: the model's)",
-    "tp": "GPUs for tensor parallelism (default 1)",
-}
+OPTIONS = OptionSchema(
+    choice("backend", "LMDeploy's inference backend", BACKENDS, default="turbomind"),
+    integer("max_batch_size", "most sequences served at once", default="64"),
+    number(
+        "cache_max_entry_count",
+        "share of free GPU memory for the KV cache",
+        default="0.8",
+        low=0,
+        high=1,
+        exclusive=True,
+        must="a share in (0, 1)",
+    ),
+    flag("enable_prefix_caching", "prefix caching (off unless studied)"),
+    integer("session_len", "context length (default: the model's)"),
+    integer("tp", "GPUs for tensor parallelism", default="1"),
+)
+DEFAULTS = OPTIONS.defaults()
 _FAILED = ("error", "abort")
 """Finish reasons of a request the engine did not complete: ``error`` is how releases
 before 0.16 reported a failure; ``abort`` is an engine-side cancel or a dropped session."""
@@ -107,11 +110,9 @@ def prompt_arguments(prompt: str | tuple[int, ...]) -> dict[str, Any]:
 
 def to_chunk(out: Any) -> Chunk:
     """One streamed output: its delta ids, and LMDeploy's running count and finish."""
-    ids = tuple(int(t) for t in (getattr(out, "token_ids", None) or ()))
-    return Chunk(
-        n_tokens=len(ids),
-        token_ids=ids,
-        text=getattr(out, "response", "") or "",
+    return delta_chunk(
+        getattr(out, "token_ids", None) or (),
+        getattr(out, "response", ""),
         completion_tokens=getattr(out, "generate_token_len", None),
         prompt_tokens=getattr(out, "input_token_len", None),
         finish_reason=getattr(out, "finish_reason", None),
@@ -142,6 +143,7 @@ def request_failure(exc: BaseException) -> Exception:
 
 class LMDeployEngine:
     name: ClassVar[str] = "lmdeploy"
+    option_schema: ClassVar[OptionSchema] = OPTIONS
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.GENERATIVE,
         devices=frozenset({"cuda"}),
@@ -181,20 +183,7 @@ class LMDeployEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        reject_unknown_options(options, OPTIONS)
-        if options.get("backend", "turbomind") not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}")
-        for key in ("max_batch_size", "session_len", "tp"):
-            if key in options and not (options[key].isdigit() and int(options[key]) >= 1):
-                raise ValueError(f"{key} must be a positive integer, got {options[key]!r}")
-        try:
-            share = float(options.get("cache_max_entry_count", "0.8"))
-        except ValueError:
-            share = -1.0
-        if not 0.0 < share < 1.0:
-            raise ValueError("cache_max_entry_count must be a share in (0, 1)")
-        if options.get("enable_prefix_caching", "0") not in ("0", "1"):
-            raise ValueError("enable_prefix_caching must be 0 or 1")
+        OPTIONS.validate(options)
 
     def load(self) -> None:
         from lmdeploy import messages  # noqa: PLC0415

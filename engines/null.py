@@ -28,26 +28,38 @@ from harness.engine import (
     GenerationRequest,
     TensorSpec,
     check_inputs,
-    reject_unknown_options,
 )
+from harness.engine.options import OptionSchema, integer, number
 
-OPTIONS = {
-    "service_time_s": "seconds each call (tensor) takes (default 0: return at once)",
-    "token_time_s": "seconds between streamed tokens (generative; default 0)",
-    "stall_at": "1-based call/request number that stalls (default: none)",
-    "stall_s": "how long the stall lasts, in seconds (default 1)",
-    "features": "input width of the tensor engine's one input x (default 4)",
-}
-
-
-def _seconds(options: Mapping[str, str], key: str, default: float) -> float:
-    try:
-        value = float(options.get(key, default))
-    except ValueError:
-        raise ValueError(f"{key} must be a number of seconds") from None
-    if not (value >= 0 and np.isfinite(value)):
-        raise ValueError(f"{key} must be >= 0 seconds")
-    return value
+SECONDS = ">= 0 seconds"
+OPTIONS = OptionSchema(
+    number(
+        "service_time_s",
+        "seconds each call (tensor) takes (0: return at once)",
+        default="0",
+        low=0,
+        must=SECONDS,
+    ),
+    number(
+        "token_time_s",
+        "seconds between streamed tokens (generative)",
+        default="0",
+        low=0,
+        must=SECONDS,
+    ),
+    integer(
+        "stall_at",
+        "1-based call/request number that stalls (default: none)",
+        must="an integer >= 1",
+    ),
+    number("stall_s", "how long the stall lasts, in seconds", default="1", low=0, must=SECONDS),
+    integer(
+        "features",
+        "input width of the tensor engine's one input x",
+        default="4",
+        must="an integer >= 1",
+    ),
+)
 
 
 def _wait(seconds: float) -> None:
@@ -63,6 +75,7 @@ def _wait(seconds: float) -> None:
 
 class NullEngine:
     name: ClassVar[str] = "null"
+    option_schema: ClassVar[OptionSchema] = OPTIONS
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.TENSOR, devices=frozenset({"cpu", "cuda"}), dynamic_shapes=True
     )
@@ -70,12 +83,12 @@ class NullEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.validate_options(config.options)
         self.config = config
-        o = config.options
-        self.service_time = _seconds(o, "service_time_s", 0.0)
-        self.token_time = _seconds(o, "token_time_s", 0.0)
-        self.stall_s = _seconds(o, "stall_s", 1.0)
+        o = OPTIONS.resolve(config.options)
+        self.service_time = float(o["service_time_s"])
+        self.token_time = float(o["token_time_s"])
+        self.stall_s = float(o["stall_s"])
         self.stall_at = int(o["stall_at"]) if "stall_at" in o else None
-        self.features = int(o.get("features", "4"))
+        self.features = int(o["features"])
         self.calls = 0
 
     @classmethod
@@ -84,12 +97,7 @@ class NullEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        reject_unknown_options(options, OPTIONS)
-        for key in ("service_time_s", "token_time_s", "stall_s"):
-            _seconds(options, key, 0.0)
-        for key in ("stall_at", "features"):
-            if key in options and not (options[key].isdigit() and int(options[key]) >= 1):
-                raise ValueError(f"{key} must be an integer >= 1")
+        OPTIONS.validate(options)
 
     def load(self) -> None:
         self.calls = 0

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import psutil
 
-from engines import ort_gpu
+from engines import ort_gpu, trt_profiles
 from harness.engine import (
     Arrays,
     Availability,
@@ -29,8 +29,8 @@ from harness.engine import (
     EngineError,
     Family,
     TensorSpec,
-    reject_unknown_options,
 )
+from harness.engine.options import OptionSchema, choice, custom, flag, integer, text
 from harness.session.config import cache_root
 
 if TYPE_CHECKING:
@@ -49,29 +49,59 @@ OPT_LEVELS = {
     "all": "ORT_ENABLE_ALL",
 }
 
-OPTIONS = {
-    "intra_op_threads": "threads inside one operator (default: physical cores)",
-    "inter_op_threads": "threads across operators, parallel mode only (default: 1)",
-    "graph_optimization": f"one of {', '.join(OPT_LEVELS)} (default: all)",
-    "provider": "on cuda devices: cuda (default) or tensorrt",
-    "allow_spinning": "0 or 1: intra-op workers busy-wait between runs (default: 0, see below)",
-    "cuda_graph": "0/1 on cuda: capture and replay a CUDA graph per input shape (default 0)",
-    "tf32": "0/1 on the cuda provider: TF32 matmuls (ORT's default 1; here 0, fp32 as asked)",
-    "trt_fp16": "0/1 on the tensorrt provider: allow fp16 kernels (default 0)",
-    "trt_profiles": "tensorrt provider: one profile NAME=MIN:OPT:MAX[,...] (default batch=1:8:32)",
-    "dims": "NAME=N[,...]: sizes of named dynamic dims for the tensorrt provider's profile",
-    "trt_cache_dir": "tensorrt provider engine and timing caches"
-    " (default $HARNESS_CACHE_DIR/ort-trt)",
-    "quantize": "int8: dynamic quantization (onnxruntime.quantization: int8 weights, uint8"
-    " activations quantized per call), of a cached copy of the model",
-    "convert": "fp16: a cached fp16 copy of the model, inputs and outputs kept fp32",
-}
-
 # ORT's default (spinning on) lets idle intra-op workers busy-wait after each run. They
 # then hold the cores the in-process load generator needs to wake on time: on 2 cores
 # its wake-up lag p99 went from 0.6 ms to 4 ms, and open-loop latency with it. Off by
 # default here; set allow_spinning=1 to measure ORT with its own default.
 DEFAULT_SPINNING = "0"
+
+
+def _one_trt_profile(spec: str) -> object:
+    profiles = trt_profiles.parse_ranges(spec)
+    if len(profiles) != 1:
+        raise ValueError("trt_profiles: onnxruntime's TensorRT provider takes one profile")
+    return profiles
+
+
+OPTIONS = OptionSchema(
+    integer("intra_op_threads", "threads inside one operator (default: physical cores)"),
+    integer("inter_op_threads", "threads across operators, parallel mode only", default="1"),
+    choice("graph_optimization", "graph optimization level", tuple(OPT_LEVELS), default="all"),
+    choice("provider", "execution provider on cuda devices", ("cuda", "tensorrt"), default="cuda"),
+    flag(
+        "allow_spinning",
+        "intra-op workers busy-wait between runs (ORT's default 1; off here: spinning"
+        " workers hold the cores the load generator needs)",
+        default=DEFAULT_SPINNING,
+    ),
+    flag("cuda_graph", "on cuda: capture and replay a CUDA graph per input shape"),
+    flag("tf32", "on the cuda provider: TF32 matmuls (ORT's default 1; here 0, fp32 as asked)"),
+    flag("trt_fp16", "on the tensorrt provider: allow fp16 kernels"),
+    custom(
+        "trt_profiles",
+        "the tensorrt provider's one optimization profile",
+        _one_trt_profile,
+        "NAME=MIN:OPT:MAX[,...]",
+        default=trt_profiles.DEFAULT_PROFILE,
+    ),
+    custom(
+        "dims",
+        "sizes of named dynamic dims for the tensorrt provider's profile",
+        trt_profiles.parse_dims,
+        "NAME=N[,...]",
+    ),
+    text(
+        "trt_cache_dir",
+        "tensorrt provider engine and timing caches (default $HARNESS_CACHE_DIR/ort-trt)",
+    ),
+    choice(
+        "quantize",
+        "dynamic quantization (onnxruntime.quantization: int8 weights, uint8 activations"
+        " quantized per call), of a cached copy of the model",
+        ("int8",),
+    ),
+    choice("convert", "a cached fp16 copy of the model, inputs and outputs kept fp32", ("fp16",)),
+)
 
 _DTYPES = {
     "tensor(float)": np.float32,
@@ -94,11 +124,11 @@ GRAPH_SKIP = "-1"
 def _provider_for(device: str, options: Mapping[str, str]) -> str:
     if device == "cpu":
         return PROVIDERS["cpu"]
-    return PROVIDERS[options.get("provider", "cuda")]
+    return PROVIDERS[OPTIONS.resolve(options)["provider"]]
 
 
-def _flag(options: Mapping[str, str], key: str, default: str = "0") -> str:
-    return "1" if options.get(key, default) == "1" else "0"
+def _flag(resolved: Mapping[str, str], key: str) -> str:
+    return "1" if resolved[key] == "1" else "0"
 
 
 def provider_list(
@@ -114,42 +144,29 @@ def provider_list(
     if device == "cpu":
         return [(PROVIDERS["cpu"], {})]
     index = device.partition(":")[2] or "0"
+    o = OPTIONS.resolve(options)
     cuda = {
         "device_id": index,
-        "enable_cuda_graph": _flag(options, "cuda_graph"),
-        "use_tf32": _flag(options, "tf32"),
+        "enable_cuda_graph": _flag(o, "cuda_graph"),
+        "use_tf32": _flag(o, "tf32"),
         "cudnn_conv_algo_search": "EXHAUSTIVE",
     }
-    if options.get("provider", "cuda") == "cuda":
+    if o["provider"] == "cuda":
         return [(PROVIDERS["cuda"], cuda)]
     trt = {
         "device_id": index,
-        "trt_fp16_enable": _flag(options, "trt_fp16"),
+        "trt_fp16_enable": _flag(o, "trt_fp16"),
         "trt_engine_cache_enable": "1",
         "trt_engine_cache_path": str(cache_dir),
         "trt_timing_cache_enable": "1",
         "trt_timing_cache_path": str(cache_dir),
-        "trt_cuda_graph_enable": _flag(options, "cuda_graph"),
+        "trt_cuda_graph_enable": _flag(o, "cuda_graph"),
     }
     if specs and any(s.dynamic_dims for s in specs):
-        from engines.trt_profiles import derive_all, parse_dims  # noqa: PLC0415
-
-        (profile,) = derive_all(specs, options.get("trt_profiles"), parse_dims(options.get("dims")))
+        dims = trt_profiles.parse_dims(options.get("dims"))
+        (profile,) = trt_profiles.derive_all(specs, options.get("trt_profiles"), dims)
         trt |= profile.ort_options()
     return [(PROVIDERS["tensorrt"], trt), (PROVIDERS["cuda"], cuda | {"enable_cuda_graph": "0"})]
-
-
-def _validate_derived(options: Mapping[str, str]) -> None:
-    """The options that change which model file runs: precision copies, TensorRT profile."""
-    if options.get("quantize", "int8") != "int8" or options.get("convert", "fp16") != "fp16":
-        raise ValueError("quantize takes int8 and convert takes fp16")
-    if "quantize" in options and "convert" in options:
-        raise ValueError("quantize and convert are alternatives: give one")
-    if "trt_profiles" in options:
-        from engines.trt_profiles import parse_ranges  # noqa: PLC0415
-
-        if len(parse_ranges(options["trt_profiles"])) != 1:
-            raise ValueError("trt_profiles: onnxruntime's TensorRT provider takes one profile")
 
 
 def _graph_options(graph_id: str) -> Any:
@@ -174,6 +191,7 @@ class _GraphSlot:
 
 class OnnxRuntimeEngine:
     name: ClassVar[str] = "onnxruntime"
+    option_schema: ClassVar[OptionSchema] = OPTIONS
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.TENSOR, devices=frozenset({"cpu", "cuda"}), dynamic_shapes=True
     )
@@ -184,7 +202,7 @@ class OnnxRuntimeEngine:
         self._session: onnxruntime.InferenceSession | None = None
         self._threads: dict[str, int] = {}
         self._spinning = False
-        self._opt_level = config.options.get("graph_optimization", "all")
+        self._opt_level = OPTIONS.resolve(config.options)["graph_optimization"]
         self._graphs: dict[Any, _GraphSlot] = {}
         self._loaded_model: Path | None = None
         self._int8_prep: list[str] = []
@@ -205,18 +223,10 @@ class OnnxRuntimeEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        reject_unknown_options(options, OPTIONS)
-        for key in ("intra_op_threads", "inter_op_threads"):
-            if key in options and (not options[key].isdigit() or int(options[key]) < 1):
-                raise ValueError(f"{key} must be a positive integer, got {options[key]!r}")
-        if options.get("graph_optimization", "all") not in OPT_LEVELS:
-            raise ValueError(f"graph_optimization must be one of {', '.join(OPT_LEVELS)}")
-        if options.get("provider", "cuda") not in ("cuda", "tensorrt"):
-            raise ValueError("provider must be cuda or tensorrt")
-        for key in ("allow_spinning", "cuda_graph", "tf32", "trt_fp16"):
-            if options.get(key, "0") not in ("0", "1"):
-                raise ValueError(f"{key} must be 0 or 1")
-        _validate_derived(options)
+        OPTIONS.validate(options)
+        # the one rule between options: both would pick the model file that runs
+        if "quantize" in options and "convert" in options:
+            raise ValueError("quantize and convert are alternatives: give one")
 
     @classmethod
     def precision_options(cls, name: str, device: str) -> dict[str, str]:
@@ -271,10 +281,9 @@ class OnnxRuntimeEngine:
         import onnxruntime  # noqa: PLC0415
 
         so = onnxruntime.SessionOptions()
-        intra = int(
-            self.config.options.get("intra_op_threads", psutil.cpu_count(logical=False) or 1)
-        )
-        inter = int(self.config.options.get("inter_op_threads", 1))
+        resolved = OPTIONS.resolve(self.config.options)
+        intra = int(resolved.get("intra_op_threads", psutil.cpu_count(logical=False) or 1))
+        inter = int(resolved["inter_op_threads"])
         so.intra_op_num_threads = intra
         so.inter_op_num_threads = inter
         so.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
@@ -282,7 +291,7 @@ class OnnxRuntimeEngine:
             onnxruntime.GraphOptimizationLevel, OPT_LEVELS[self._opt_level]
         )
         so.log_severity_level = 3  # errors only: fallback warnings are checked explicitly below
-        spinning = self.config.options.get("allow_spinning", DEFAULT_SPINNING)
+        spinning = resolved["allow_spinning"]
         so.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         so.add_session_config_entry("session.inter_op.allow_spinning", spinning)
         self._threads = {"intra_op": intra, "inter_op": inter}

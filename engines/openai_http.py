@@ -2,7 +2,7 @@
 
 Streams completions or chat over SSE with aiohttp, one event at a time (httpx served
 the first version: one client process topped out near 200 streamed requests/s, aiohttp
-sustains thousands; see the README's performance section). Token
+sustains thousands; see docs/measurements.md). Token
 counts come from the server's running usage (``stream_options.continuous_usage_stats``)
 where offered: the difference between successive ``completion_tokens`` is the number of
 tokens a chunk carried, even when its text is empty. Without running usage, a chunk with
@@ -34,17 +34,40 @@ from harness.engine import (
     Family,
     GenerationRequest,
     RequestError,
-    reject_unknown_options,
 )
+from harness.engine.options import OptionSchema, choice, custom, flag, number, text
 
-OPTIONS = {
-    "base_url": "server root, e.g. http://127.0.0.1:8000 (absent: the harness starts vLLM)",
-    "served_model": "model name on the server (default: the first of /v1/models)",
-    "api": "completions (default) or chat",
-    "api_key_env": "environment variable that holds the API key (default: OPENAI_API_KEY)",
-    "timeout_s": "per-request timeout in seconds (default: 300)",
-    "ignore_eos_field": "1 (default): send vLLM's ignore_eos so lengths are what was asked",
-}
+
+def _base_url(url: str) -> str:
+    if url and not url.startswith(("http://", "https://")):
+        raise ValueError("base_url must start with http:// or https://")
+    return url
+
+
+OPTIONS = OptionSchema(
+    custom(
+        "base_url",
+        "server root, e.g. http://127.0.0.1:8000 (absent: the harness starts vLLM)",
+        _base_url,
+        "http(s)://HOST[:PORT]",
+    ),
+    text("served_model", "model name on the server (default: the first of /v1/models)"),
+    choice("api", "the OpenAI API streamed", ("completions", "chat"), default="completions"),
+    text("api_key_env", "environment variable that holds the API key", default="OPENAI_API_KEY"),
+    number(
+        "timeout_s",
+        "per-request timeout in seconds (between reads of the stream)",
+        default="300",
+        low=0,
+        exclusive=True,
+        must="a positive number",
+    ),
+    flag(
+        "ignore_eos_field",
+        "send vLLM's ignore_eos so lengths are what was asked",
+        default="1",
+    ),
+)
 
 
 class RequestFailed(RequestError):
@@ -122,6 +145,7 @@ class StreamState:
 
 class OpenAIEngine:
     name: ClassVar[str] = "openai"
+    option_schema: ClassVar[OptionSchema] = OPTIONS
     network_client: ClassVar[bool] = True  # --clients N: N processes may share its load
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.GENERATIVE,
@@ -133,13 +157,13 @@ class OpenAIEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.validate_options(config.options)
         self.config = config
-        o = config.options
+        o = OPTIONS.resolve(config.options)
         self.base_url = o.get("base_url", "").rstrip("/")
-        self.api = o.get("api", "completions")
-        self.key_env = o.get("api_key_env", "OPENAI_API_KEY")
-        self.timeout = float(o.get("timeout_s", "300"))
+        self.api = o["api"]
+        self.key_env = o["api_key_env"]
+        self.timeout = float(o["timeout_s"])
         self.served_model = o.get("served_model", "")
-        self.ignore_eos_field = o.get("ignore_eos_field", "1") == "1"
+        self.ignore_eos_field = o["ignore_eos_field"] == "1"
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tokenizer: Any = None
@@ -158,17 +182,7 @@ class OpenAIEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        reject_unknown_options(options, OPTIONS)
-        if options.get("api", "completions") not in ("completions", "chat"):
-            raise ValueError("api must be completions or chat")
-        url = options.get("base_url", "")
-        if url and not url.startswith(("http://", "https://")):
-            raise ValueError("base_url must start with http:// or https://")
-        try:
-            if float(options.get("timeout_s", "300")) <= 0:
-                raise ValueError
-        except ValueError:
-            raise ValueError("timeout_s must be a positive number") from None
+        OPTIONS.validate(options)
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self.key_env)

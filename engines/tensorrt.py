@@ -52,9 +52,9 @@ import numpy as np
 import numpy.typing as npt
 
 from engines import trt_profiles
+from engines.cudatiming import MARKS, stage_times
 from engines.onnxinfo import read_specs
 from harness.engine import (
-    DEVICE_STAGES,
     Arrays,
     Availability,
     Capabilities,
@@ -64,24 +64,44 @@ from harness.engine import (
     TensorSpec,
     check_inputs,
     installed_version,
-    reject_unknown_options,
 )
+from harness.engine.options import OptionSchema, choice, custom, flag, integer, text
 from harness.results.store import replace
 from harness.session.config import cache_root
 
-OPTIONS = {
-    "profiles": "optimization profiles NAME=MIN:OPT:MAX[,...][;...] (default batch=1:8:32;"
-    " a named dim not given is 1:N:N from dims=NAME=N)",
-    "dims": "NAME=N[,...]: sizes of named dynamic dims (what --dim gives other engines)",
-    "precision": "fp32 (default) or fp16 (TensorRT 10: FP16 builder flag; TensorRT 11: refused,"
-    " give an fp16 ONNX model: networks are strongly typed)",
-    "tf32": "0/1: let fp32 layers use TF32 (BuilderFlag.TF32, on by TensorRT's default;"
-    " default 0 here, so fp32 is fp32)",
-    "cuda_graph": "0/1: capture and replay a CUDA graph per input shape (default 0)",
-    "workspace_mib": "builder workspace memory pool limit in MiB (default 4096)",
-    "optimization_level": "builder optimization level 0-5 (default 3)",
-    "cache_dir": "engine and timing caches (default $HARNESS_CACHE_DIR/tensorrt)",
-}
+OPTIONS = OptionSchema(
+    custom(
+        "profiles",
+        "optimization profiles, ';'-separated (a named dim not given is 1:N:N from dims=NAME=N)",
+        trt_profiles.parse_ranges,
+        "NAME=MIN:OPT:MAX[,...][;...]",
+        default=trt_profiles.DEFAULT_PROFILE,
+    ),
+    custom(
+        "dims",
+        "sizes of named dynamic dims (what --dim gives other engines)",
+        trt_profiles.parse_dims,
+        "NAME=N[,...]",
+    ),
+    choice(
+        "precision",
+        "fp16: TensorRT 10's FP16 builder flag (TensorRT 11: refused, give an fp16 ONNX model:"
+        " networks are strongly typed)",
+        ("fp32", "fp16"),
+        default="fp32",
+    ),
+    flag(
+        "tf32",
+        "let fp32 layers use TF32 (BuilderFlag.TF32, on by TensorRT's default; off here, so"
+        " fp32 is fp32)",
+    ),
+    flag("cuda_graph", "capture and replay a CUDA graph per input shape"),
+    integer(
+        "workspace_mib", "builder workspace memory pool limit in MiB", default="4096", high=2**20
+    ),
+    integer("optimization_level", "builder optimization level", default="3", low=0, high=5),
+    text("cache_dir", "engine and timing caches (default $HARNESS_CACHE_DIR/tensorrt)"),
+)
 
 # The TensorRT wheels, bindings first (they carry the library the adapter imports).
 TENSORRT_DISTRIBUTIONS = (
@@ -140,10 +160,11 @@ def build_plan(
     """Pure: the network and builder settings for ``options`` on TensorRT ``trt_major``
     whose ``BuilderFlag`` has the members ``flags`` (default: what that major has)."""
     names = frozenset(flags) if flags is not None else known_builder_flags(trt_major)
-    precision = options.get("precision", "fp32")
+    o = OPTIONS.resolve(options)
+    precision = o["precision"]
     if precision == "fp16" and "FP16" not in names:
         raise ValueError(NO_FP16.format(version=trt_major))
-    tf32 = options.get("tf32", "0") == "1"
+    tf32 = o["tf32"] == "1"
     wanted = (("FP16", precision == "fp16"), ("TF32", tf32))
     return BuildPlan(
         strongly_typed=trt_major >= 11,
@@ -151,8 +172,8 @@ def build_plan(
         # TF32 is on by default: fp32 needs it cleared, not merely left unset
         cleared_flags=("TF32",) if "TF32" in names and not tf32 else (),
         tf32=tf32 if "TF32" in names else None,
-        workspace_bytes=int(options.get("workspace_mib", "4096")) * 2**20,
-        optimization_level=int(options.get("optimization_level", "3")),
+        workspace_bytes=int(o["workspace_mib"]) * 2**20,
+        optimization_level=int(o["optimization_level"]),
     )
 
 
@@ -260,6 +281,7 @@ State = tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]
 
 class TensorRTEngine:
     name: ClassVar[str] = "tensorrt"
+    option_schema: ClassVar[OptionSchema] = OPTIONS
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.TENSOR, devices=frozenset({"cuda"}), dynamic_shapes=True
     )
@@ -268,6 +290,7 @@ class TensorRTEngine:
         self.validate_options(config.options)
         self.config = config
         self.options = dict(config.options)
+        self._cuda_graph = OPTIONS.resolve(config.options)["cuda_graph"] == "1"
         self._inputs: tuple[TensorSpec, ...] = ()
         self._outputs: tuple[TensorSpec, ...] = ()
         self._profiles: list[trt_profiles.Profile] = []
@@ -306,19 +329,7 @@ class TensorRTEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        reject_unknown_options(options, OPTIONS)
-        if options.get("precision", "fp32") not in ("fp32", "fp16"):
-            raise ValueError("precision must be fp32 or fp16")
-        for key in ("cuda_graph", "tf32"):
-            if options.get(key, "0") not in ("0", "1"):
-                raise ValueError(f"{key} must be 0 or 1")
-        for key, low, high in (("workspace_mib", 1, 2**20), ("optimization_level", 0, 5)):
-            value = options.get(key)
-            if value is not None and not (value.isdigit() and low <= int(value) <= high):
-                raise ValueError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
-        if "profiles" in options:
-            trt_profiles.parse_ranges(options["profiles"])
-        trt_profiles.parse_dims(options.get("dims"))
+        OPTIONS.validate(options)
 
     @classmethod
     def precision_options(cls, name: str, device: str) -> dict[str, str]:
@@ -388,7 +399,7 @@ class TensorRTEngine:
             raise EngineError(f"TensorRT could not deserialize {engine_file}")
         self._context = self._engine.create_execution_context()
         self._stream = _check(cudart.cudaStreamCreate())
-        self._events = [_check(cudart.cudaEventCreate()) for _ in range(4)]
+        self._events = [_check(cudart.cudaEventCreate()) for _ in range(MARKS)]
         self._allocate(cudart)
         self._info = {
             "gpu": gpu,
@@ -415,10 +426,10 @@ class TensorRTEngine:
         config = builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, plan.workspace_bytes)
         config.builder_optimization_level = plan.optimization_level
-        for flag in plan.builder_flags:
-            config.set_flag(getattr(trt.BuilderFlag, flag))
-        for flag in plan.cleared_flags:
-            config.clear_flag(getattr(trt.BuilderFlag, flag))
+        for member in plan.builder_flags:
+            config.set_flag(getattr(trt.BuilderFlag, member))
+        for member in plan.cleared_flags:
+            config.clear_flag(getattr(trt.BuilderFlag, member))
         self._add_profiles(builder, config)
         timing_file = self._cache_dir() / f"timing-{trt.__version__}-{gpu.replace(' ', '_')}.cache"
         timing = config.create_timing_cache(
@@ -481,7 +492,7 @@ class TensorRTEngine:
             raise EngineError("engine not loaded: call load() first")
 
     def _graphs_on(self) -> bool:
-        return self.options.get("cuda_graph", "0") == "1"
+        return self._cuda_graph
 
     def warmup(self, inputs: Arrays, iterations: int) -> None:
         for _ in range(iterations):
@@ -548,10 +559,7 @@ class TensorRTEngine:
             _check(cudart.cudaMemcpyAsync(buffer.host, buffer.device, nbytes, d2h, stream))
         _check(cudart.cudaEventRecord(ev[3], stream))
         _check(cudart.cudaStreamSynchronize(stream))
-        parts = zip(DEVICE_STAGES, range(3), strict=True)
-        self._last = {
-            k: _check(cudart.cudaEventElapsedTime(ev[i], ev[i + 1])) / 1e3 for k, i in parts
-        }
+        self._last = stage_times(lambda i, j: _check(cudart.cudaEventElapsedTime(ev[i], ev[j])))
 
     def _plain_enqueue(self) -> None:
         if not self._context.execute_async_v3(int(self._stream)):

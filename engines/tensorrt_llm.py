@@ -26,6 +26,7 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
+from engines.llmstream import delta_chunk
 from harness.engine import (
     Availability,
     BatchingMode,
@@ -36,27 +37,30 @@ from harness.engine import (
     Family,
     GenerationRequest,
     installed_version,
-    reject_unknown_options,
 )
+from harness.engine.options import OptionSchema, choice, flag, integer, number
 
-DEFAULTS = {
-    "max_batch_size": "64",
-    "max_num_tokens": "8192",
-    "tensor_parallel_size": "1",
-    "kv_cache_free_gpu_memory_fraction": "0.9",
-    "enable_block_reuse": "0",
-    "dtype": "auto",
-}
-OPTIONS = {
-    "max_batch_size": "most requests in one iteration (default 64; TensorRT-LLM's own: 2048)",
-    "max_num_tokens": "token budget of one iteration (default 8192)",
-    "max_seq_len": "context length (default: the model's)",
-    "tensor_parallel_size": "GPUs for tensor parallelism (default 1)",
-    "kv_cache_free_gpu_memory_fraction": "share of free GPU memory for the KV cache (0.9)",
-    "enable_block_reuse": "0/1: KV-cache block (prefix) reuse (default 0: off unless studied)",
-    "dtype": "auto, float16 or bfloat16 (default auto)",
-}
-_INTS = ("max_batch_size", "max_num_tokens", "max_seq_len", "tensor_parallel_size")
+OPTIONS = OptionSchema(
+    integer(
+        "max_batch_size",
+        "most requests in one iteration (TensorRT-LLM's own default: 2048)",
+        default="64",
+    ),
+    integer("max_num_tokens", "token budget of one iteration", default="8192"),
+    integer("max_seq_len", "context length (default: the model's)"),
+    integer("tensor_parallel_size", "GPUs for tensor parallelism", default="1"),
+    number(
+        "kv_cache_free_gpu_memory_fraction",
+        "share of free GPU memory for the KV cache",
+        default="0.9",
+        low=0,
+        high=1,
+        exclusive=True,
+    ),
+    flag("enable_block_reuse", "KV-cache block (prefix) reuse (off unless studied)"),
+    choice("dtype", "model dtype", ("auto", "float16", "bfloat16"), default="auto"),
+)
+DEFAULTS = OPTIONS.defaults()
 INSTALL = (
     "pip install tensorrt-llm --extra-index-url https://pypi.nvidia.com"
     " --extra-index-url https://download.pytorch.org/whl/cu130"
@@ -150,6 +154,7 @@ def perf_stats(metrics: Any) -> dict[str, float] | None:
 
 class TensorRTLLMEngine:
     name: ClassVar[str] = "tensorrt-llm"
+    option_schema: ClassVar[OptionSchema] = OPTIONS
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.GENERATIVE,
         devices=frozenset({"cuda"}),
@@ -174,21 +179,7 @@ class TensorRTLLMEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        reject_unknown_options(options, OPTIONS)
-        for key in _INTS:
-            if key in options and not (options[key].isdigit() and int(options[key]) >= 1):
-                raise ValueError(f"{key} must be a positive integer, got {options[key]!r}")
-        if options.get("enable_block_reuse", "0") not in ("0", "1"):
-            raise ValueError("enable_block_reuse must be 0 or 1")
-        fraction = options.get("kv_cache_free_gpu_memory_fraction", "0.9")
-        try:
-            ok = 0.0 < float(fraction) < 1.0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError("kv_cache_free_gpu_memory_fraction must be in (0, 1)")
-        if options.get("dtype", "auto") not in ("auto", "float16", "bfloat16"):
-            raise ValueError("dtype must be auto, float16 or bfloat16")
+        OPTIONS.validate(options)
 
     @classmethod
     def precision_options(cls, name: str, device: str) -> dict[str, str]:
@@ -240,10 +231,9 @@ class TensorRTLLMEngine:
         async for out in self._llm.generate_async(prompt, params, streaming=True):
             completion = out.outputs[0]
             ids = deltas.new_ids(completion)  # before the next await mutates `out`
-            yield Chunk(
-                n_tokens=len(ids),
-                token_ids=ids,
-                text=getattr(completion, "text_diff", "") or "",
+            yield delta_chunk(
+                ids,
+                getattr(completion, "text_diff", ""),
                 completion_tokens=deltas.seen,
                 prompt_tokens=len(out.prompt_token_ids or ()),
                 finish_reason=completion.finish_reason if out.finished else None,

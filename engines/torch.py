@@ -28,9 +28,9 @@ import numpy as np
 import numpy.typing as npt
 import psutil
 
+from engines.cudatiming import MARKS, stage_times
 from engines.onnxinfo import read_specs
 from harness.engine import (
-    DEVICE_STAGES,
     Arrays,
     Availability,
     Capabilities,
@@ -39,8 +39,8 @@ from harness.engine import (
     Family,
     TensorSpec,
     check_inputs,
-    reject_unknown_options,
 )
+from harness.engine.options import OptionSchema, choice, integer
 
 if TYPE_CHECKING:
     import torch
@@ -48,25 +48,30 @@ if TYPE_CHECKING:
 MODES = ("eager", "compile", "cudagraphs")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 DTYPES = ("float32", "float16", "bfloat16")
-OPTIONS = {
-    "mode": f"{' | '.join(MODES)} (cudagraphs: cuda only; default eager)",
-    "compile_mode": f"torch.compile mode: {' | '.join(COMPILE_MODES)} (default: default)",
-    "dtype": f"compute dtype of weights and float inputs: {' | '.join(DTYPES)} (default"
-    " float32: on cuda IEEE fp32, TF32 off for matmuls and cuDNN convolutions)",
-    "threads": "torch.set_num_threads on cpu (default: physical cores)",
-}
+OPTIONS = OptionSchema(
+    choice("mode", "how the module runs (cudagraphs: cuda only)", MODES, default="eager"),
+    choice("compile_mode", "torch.compile mode", COMPILE_MODES, default="default"),
+    choice(
+        "dtype",
+        "compute dtype of weights and float inputs (float32: on cuda IEEE fp32, TF32 off for"
+        " matmuls and cuDNN convolutions)",
+        DTYPES,
+        default="float32",
+    ),
+    integer("threads", "torch.set_num_threads on cpu (default: physical cores)"),
+)
 
 
 def effective_options(options: Mapping[str, str], device: str) -> dict[str, Any]:
     """Options with defaults filled in, checked against the device (pure: unit-tested)."""
-    mode = options.get("mode", "eager")
-    if mode == "cudagraphs" and not device.startswith("cuda"):
+    o = OPTIONS.resolve(options)
+    if o["mode"] == "cudagraphs" and not device.startswith("cuda"):
         raise ValueError("mode=cudagraphs needs a cuda device")
-    threads = options.get("threads")
+    threads = o.get("threads")
     return {
-        "mode": mode,
-        "compile_mode": options.get("compile_mode", "default"),
-        "dtype": options.get("dtype", "float32"),
+        "mode": o["mode"],
+        "compile_mode": o["compile_mode"],
+        "dtype": o["dtype"],
         "threads": int(threads) if threads else (psutil.cpu_count(logical=False) or 1),
     }
 
@@ -154,6 +159,7 @@ class _StrictFp32:
 
 class TorchEngine:
     name: ClassVar[str] = "torch"
+    option_schema: ClassVar[OptionSchema] = OPTIONS
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.TENSOR, devices=frozenset({"cpu", "cuda"}), dynamic_shapes=True
     )
@@ -189,14 +195,7 @@ class TorchEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        reject_unknown_options(options, OPTIONS)
-        for key, allowed in (("mode", MODES), ("compile_mode", COMPILE_MODES), ("dtype", DTYPES)):
-            if key in options and options[key] not in allowed:
-                raise ValueError(f"{key} must be one of {', '.join(allowed)}, got {options[key]!r}")
-        if "threads" in options and not (
-            options["threads"].isdigit() and int(options["threads"]) > 0
-        ):
-            raise ValueError(f"threads must be a positive integer, got {options['threads']!r}")
+        OPTIONS.validate(options)
 
     @classmethod
     def precision_options(cls, name: str, device: str) -> dict[str, str]:
@@ -300,7 +299,7 @@ class TorchEngine:
         self._loaded()
         arrays = check_inputs(self._inputs, inputs)
         cuda = self.config.device.startswith("cuda")
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if cuda else []
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(MARKS)] if cuda else []
         with torch.inference_mode():
             _mark(events, 0)
             tensors = [self._to_device(a) for a in arrays]
@@ -310,9 +309,8 @@ class TorchEngine:
             host = [o.to("cpu") for o in outs]  # synchronizes with the device
             _mark(events, 3)
         if events:
-            events[3].synchronize()
-            spans = zip(DEVICE_STAGES, range(3), strict=True)
-            self._last = {k: events[i].elapsed_time(events[i + 1]) / 1e3 for k, i in spans}
+            events[-1].synchronize()
+            self._last = stage_times(lambda i, j: events[i].elapsed_time(events[j]))
         return {
             spec.name: t.to(_torch_dtype(spec.dtype)).numpy()
             for spec, t in zip(self._outputs, host, strict=True)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from harness.engine import TensorSpec
 
 DEFAULT_BATCH = (1, 8, 32)
+DEFAULT_PROFILE = "batch=" + ":".join(map(str, DEFAULT_BATCH))
+"""The profile used when none is given (a named dim not in it: 1:N:N from dims)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
+from engines.llmstream import delta_chunk
 from engines.vllm_server import LOOPBACK_ENV, POLLER_NICENESS, deprioritize_pollers, split_cpus
 from harness.engine import (
     Availability,
@@ -26,35 +27,35 @@ from harness.engine import (
     Family,
     GenerationRequest,
     installed_version,
-    reject_unknown_options,
 )
+from harness.engine.options import OptionSchema, choice, flag, integer
 
-DEFAULTS = {
-    "max_num_seqs": "16",
-    "max_num_batched_tokens": "2048",
-    "max_model_len": "1024",
-    "enable_prefix_caching": "0",
-    "kv_cache_space_gib": "1",
-    "dtype": "auto",
-    "seed": "0",
-}
-OPTIONS = {
-    "max_num_seqs": "most sequences in one engine iteration (continuous batching width)",
-    "max_num_batched_tokens": "token budget of one engine iteration",
-    "max_model_len": "context length",
-    "enforce_eager": "0/1: 1 turns off torch.compile and CUDA graphs (default: 1 on CPU, where"
-    " it starts ~3x faster; on CUDA vLLM's own default, 0)",
-    "enable_prefix_caching": "0/1: off unless a workload studies caching",
-    "kv_cache_space_gib": "CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)",
-    "dtype": "auto, bfloat16, float16 or float32",
-    "seed": "engine sampling seed",
-}
-_INTS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_space_gib", "seed")
-_BOOLS = ("enforce_eager", "enable_prefix_caching")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+OPTIONS = OptionSchema(
+    integer(
+        "max_num_seqs",
+        "most sequences in one engine iteration (continuous batching width)",
+        default="16",
+    ),
+    integer("max_num_batched_tokens", "token budget of one engine iteration", default="2048"),
+    integer("max_model_len", "context length", default="1024"),
+    flag(
+        "enforce_eager",
+        "1 turns off torch.compile and CUDA graphs (default: 1 on CPU, where it starts ~3x"
+        " faster; on CUDA vLLM's own default, 0)",
+        default=None,
+    ),
+    flag("enable_prefix_caching", "off unless a workload studies caching"),
+    integer("kv_cache_space_gib", "CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)", default="1"),
+    choice("dtype", "weights and compute dtype", DTYPES, default="auto"),
+    integer("seed", "engine sampling seed", default="0", low=0),
+)
+DEFAULTS = OPTIONS.defaults()
 
 
 class VllmEngine:
     name: ClassVar[str] = "vllm"
+    option_schema: ClassVar[OptionSchema] = OPTIONS
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.GENERATIVE,
         devices=frozenset({"cpu", "cuda"}),
@@ -95,17 +96,7 @@ class VllmEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        reject_unknown_options(options, OPTIONS)
-        for key in _INTS:
-            if key in options and (
-                not options[key].isdigit() or int(options[key]) < (0 if key == "seed" else 1)
-            ):
-                raise ValueError(f"{key} must be a positive integer, got {options[key]!r}")
-        for key in _BOOLS:
-            if key in options and options[key] not in ("0", "1"):
-                raise ValueError(f"{key} must be 0 or 1")
-        if options.get("dtype", "auto") not in ("auto", "bfloat16", "float16", "float32"):
-            raise ValueError("dtype must be auto, bfloat16, float16 or float32")
+        OPTIONS.validate(options)
 
     @classmethod
     def precision_options(cls, name: str, device: str) -> dict[str, str]:
@@ -219,11 +210,9 @@ class VllmEngine:
         request_id = request.request_id or f"harness-{self._n}"
         async for out in self._llm.generate(prompt, params, request_id=request_id):
             completion = out.outputs[0]
-            ids = tuple(completion.token_ids)
-            yield Chunk(
-                n_tokens=len(ids),
-                token_ids=ids,
-                text=completion.text,
+            yield delta_chunk(  # RequestOutputKind.DELTA: the step's new ids and text
+                completion.token_ids,
+                completion.text,
                 prompt_tokens=len(out.prompt_token_ids or ()),
                 finish_reason=completion.finish_reason,
                 engine_stats=_stats(out.metrics) if out.finished else None,

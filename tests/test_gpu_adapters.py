@@ -288,6 +288,7 @@ def test_lmdeploy_outputs_are_deltas_with_a_running_count():
 # -- cells skip with the precise reason ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gpu_only_engines_cells_skip_with_the_reason(tmp_path):
     pytest.importorskip("onnx")
     result = run_workloads(

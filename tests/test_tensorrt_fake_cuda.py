@@ -533,7 +533,7 @@ def test_the_tensorrt_version_comes_from_package_metadata(monkeypatch):
             raise PackageNotFoundError(name)
         return found[name]
 
-    monkeypatch.setattr("harness.engine.version", version)
+    monkeypatch.setattr("harness.engine.contract.version", version)
     monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
     assert adapter.installed_tensorrt() == "11.4.0.106"
     assert "tensorrt" not in sys.modules
