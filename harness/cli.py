@@ -11,11 +11,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.engine import Availability, registry
+from harness.engine import Availability, options, registry
+from harness.exceptions import RecordError
+from harness.metrics.streamtiming import parse_slos
 from harness.report import compare, htmlpage, matrix, recommend, runset
 from harness.results import reading
 from harness.results.reading import Damaged, skipped_lines
-from harness.results.records import RecordError
 
 
 def _engines(args: argparse.Namespace, console: Console) -> int:
@@ -35,7 +36,26 @@ def _engines(args: argparse.Namespace, console: Console) -> int:
             first.source,
         )
     console.print(table)
+    console.print(_options_table(names))
     return 0 if names else 1
+
+
+def _options_table(names: list[str]) -> Table:
+    """Every engine's options from the schema its adapter declares (a third-party adapter
+    without one is left out: its validate_options still checks)."""
+    table = Table(title="engine options: --engine-opt ENGINE.OPTION=VALUE")
+    for col in ("engine", "option", "values", "default", "help"):
+        table.add_column(col)
+    for name in names:
+        try:
+            schema = options.schema_of(registry.load(name))
+        except ImportError:  # the table above already says the adapter is broken
+            continue
+        for row in schema.help_rows() if schema else ():
+            table.add_row(name, *(escape(cell) for cell in row))
+        if schema:
+            table.add_section()
+    return table
 
 
 def _availability(avail: Availability) -> str:
@@ -95,6 +115,158 @@ def _html(dirs: list[Path], out: Path | None, skip_damaged: bool, console: Conso
     return 0
 
 
+# -- compare -----------------------------------------------------------------------------
+
+
+def _fraction_of_percent(text: str) -> float:
+    try:
+        value = float(text) / 100.0
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of percent") from exc
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text}% is not in [0, 100)")
+    return value
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not in (0, 1)")
+    return value
+
+
+def _compare(args: argparse.Namespace, console: Console) -> int:
+    """``compare``: print the comparison, optionally write it as JSON; the exit status."""
+    try:
+        comparison = compare.compare_runs(
+            Path(args.base),
+            Path(args.new),
+            threshold=args.threshold,
+            alpha=args.alpha,
+            allow_env=tuple(args.allow_env),
+            allow_missing=args.allow_missing,
+            skip_damaged=args.skip_damaged,
+        )
+    except compare.CompareError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return compare.EXIT_CANNOT_COMPARE
+    compare.render(comparison, console)
+    if args.json_path is not None:
+        try:
+            matrix.publish(Path(args.json_path), compare.to_json(comparison))
+        except OSError as exc:
+            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            return compare.EXIT_CANNOT_COMPARE
+        console.print(f"wrote {escape(str(args.json_path))}", highlight=False)
+    return comparison.exit_code
+
+
+def _register_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="compare two runs cell by cell; exit 1 on a significant regression",
+        description=(
+            "Per cell, the change of each headline figure NEW/BASE - 1 with a 95%% bootstrap"
+            " interval and a Holm-adjusted test on the raw samples. Exit 0: no significant"
+            " regression; 1: a significant regression (or a cell ok in BASE that is not ok"
+            " in NEW); 2: the runs cannot be compared (unreadable or damaged files, no shared"
+            " cells, cells missing, environments differ)."
+        ),
+    )
+    p.add_argument("base", metavar="BASE", help="run directory before the change")
+    p.add_argument("new", metavar="NEW", help="run directory after the change")
+    p.add_argument(
+        "--threshold",
+        type=_fraction_of_percent,
+        default=compare.DEFAULT_THRESHOLD,
+        metavar="PERCENT",
+        help="smallest change called significant, in percent (default 5): smaller drifts"
+        " are run-to-run noise however many samples detect them",
+    )
+    p.add_argument("--alpha", type=_probability, default=compare.DEFAULT_ALPHA, help="default 0.05")
+    p.add_argument(
+        "--allow-env-diff",
+        dest="allow_env",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="accept environment differences in fields matching PATTERN (fnmatch, e.g."
+        " 'packages.onnxruntime' or 'packages.*'); repeatable",
+    )
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="compare the shared cells even when some cells are in one run only",
+    )
+    p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the comparison")
+    reading.add_skip_damaged(p)
+    p.set_defaults(func=_compare)
+
+
+# -- recommend ---------------------------------------------------------------------------
+
+
+def _register_recommend(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "recommend",
+        help="the engine and configuration to run per workload under an SLO",
+        description=recommend.__doc__.split("\n\n")[0] if recommend.__doc__ else None,
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument(
+        "--slo",
+        required=True,
+        help="comma-separated METRIC_pNN=DURATION (metrics ttft, tpot, e2e, itl; units s, ms,"
+        " us), e.g. ttft_p99=200ms,tpot_p99=50ms,e2e_p99=2s",
+    )
+    p.add_argument(
+        "--gpu-hour-cost",
+        type=float,
+        metavar="X",
+        help="cost of one hour of the machine (any currency): rank by cost per 1M output"
+        " tokens / 1k requests or images",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the recommendation as JSON")
+    reading.add_skip_damaged(p)
+    p.set_defaults(func=_recommend)
+
+
+def _recommend(args: argparse.Namespace, console: Console) -> int:
+    try:
+        slos = parse_slos(args.slo)
+        if not slos:
+            raise ValueError("no SLO given")
+    except ValueError as exc:
+        return _recommend_usage(
+            console, f"bad --slo {args.slo!r}: {exc}; give e.g. --slo e2e_p99=50ms,ttft_p99=200ms"
+        )
+    try:
+        rec = recommend.recommend(
+            [Path(p) for p in args.run_dirs],
+            slos,
+            args.gpu_hour_cost,
+            skip_damaged=args.skip_damaged,
+        )
+    except recommend.RecommendError as exc:
+        return _recommend_usage(console, str(exc))
+    console.print(recommend.render(rec), markup=False, highlight=False, soft_wrap=True, end="")
+    if args.json:
+        try:
+            matrix.publish(Path(args.json), recommend.to_json(rec))
+        except OSError as exc:
+            return _recommend_usage(console, str(exc))
+        console.print(f"wrote {args.json}", markup=False, highlight=False, soft_wrap=True)
+    return rec.exit_code
+
+
+def _recommend_usage(console: Console, message: str) -> int:
+    console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    return recommend.EXIT_USAGE
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -121,8 +293,8 @@ def parser() -> argparse.ArgumentParser:
     )
     reading.add_skip_damaged(rep)
     rep.set_defaults(func=_report)
-    compare.register(sub)
-    recommend.register(sub)
+    _register_compare(sub)
+    _register_recommend(sub)
     return p
 
 

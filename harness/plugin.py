@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable, Generator, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -19,28 +18,26 @@ import pytest
 
 from harness.dist import raydist
 from harness.engine import Engine, EngineConfig, EngineError, is_fatal, registry
+from harness.exceptions import RecordError, UsageError
 from harness.metrics.telemetry import Telemetry
 from harness.report import matrix
 from harness.results import store
-from harness.results.lock import RunLock
-from harness.results.records import Manifest, RecordError, Status
+from harness.results.records import Status
 from harness.results.redact import redact_text
 from harness.session import benchbridge
-from harness.session.cell import Cell
-from harness.session.config import Dist, Isolation, RunSettings, UsageError, check_writable_dir
+from harness.session.cell import REPORT_SPEC_MARK, Cell
+from harness.session.config import Dist, Isolation, RunSettings, check_writable_dir
 from harness.session.isolation import Supervisor, groups
 from harness.session.options import add_options, check_rootdir, settings_from
 from harness.session.outcome import RunExit, run_exit
 from harness.session.pool import EnginePool, NewEngineInstance
+from harness.session.resume import Resume, resumable, select_for_resume
 from harness.session.state import (
     ENGINE_ARG,
     RunState,
-    check_resumable,
     engine_of,
     is_cell,
-    lock_run,
     planned_cell,
-    read_run,
     resume_run,
     start_run,
 )
@@ -56,24 +53,13 @@ SETTINGS = pytest.StashKey[RunSettings]()
 RUN = pytest.StashKey[RunState]()
 CELL = pytest.StashKey[Cell]()
 WORKER = pytest.StashKey[tuple[WorkerSpec, EventSink]]()
-RESUME = pytest.StashKey["Resume"]()
+RESUME = pytest.StashKey[Resume]()
 RESTORE_SIGTERM = pytest.StashKey[Any]()
 SHARED = pytest.StashKey["Shared"]()
 RECORDED = pytest.StashKey[bool]()
 TELEMETRY = pytest.StashKey[Telemetry]()
 
 NO_RESULT = "the workload ended without reporting a result (Cell.finish was never called)"
-
-
-@dataclass(frozen=True)
-class Resume:
-    """A ``--resume`` checked at configuration: its directory (locked), manifest and the
-    latest status of each cell."""
-
-    run_dir: Path
-    manifest: Manifest
-    latest: dict[str, Status]
-    lock: RunLock
 
 
 class Shared:
@@ -105,6 +91,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires(**capabilities): engine capabilities a cell needs")
+    config.addinivalue_line(
+        "markers",
+        f"{REPORT_SPEC_MARK}(spec): what the workload's reports need"
+        " (harness.results.reportspec.ReportSpec; docs/writing-a-workload.md)",
+    )
     try:
         _configure(config)
     except pytest.UsageError as exc:  # it echoes option values: a URL with a password too
@@ -133,24 +124,12 @@ def _configure(config: pytest.Config) -> None:
                 resume or settings.results_dir, "--resume" if resume else "--results-dir"
             )
         if resume is not None:
-            config.stash[RESUME] = _resumable(resume, settings)
+            config.stash[RESUME] = resumable(resume, settings)
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[RESTORE_SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
     if benchbridge.active(config):
         benchbridge.register(config, lambda: config.stash.get(RUN, None))
-
-
-def _resumable(run_dir: Path, settings: RunSettings) -> Resume:
-    """Own the run directory, then check that this session would measure what it did."""
-    lock = lock_run(run_dir)
-    try:
-        manifest, latest = read_run(run_dir)
-        check_resumable(manifest, settings)
-    except BaseException:
-        lock.release()
-        raise
-    return Resume(run_dir, manifest, latest, lock)
 
 
 class Terminated(KeyboardInterrupt):
@@ -199,24 +178,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [i for i in items if i.nodeid == only]
     resume = config.stash.get(RESUME, None)
     if resume is not None:
-        _select_for_resume(config, items, resume.manifest, resume.latest)
-
-
-def _select_for_resume(
-    config: pytest.Config, items: list[pytest.Item], manifest: Manifest, latest: dict[str, Status]
-) -> None:
-    planned = {c.cell_id for c in manifest.planned}
-    keep: list[pytest.Item] = []
-    drop: list[pytest.Item] = []
-    for item in items:
-        if not is_cell(item):
-            drop.append(item)
-            continue
-        cell_id = planned_cell(cast(pytest.Function, item)).cell_id
-        redo = cell_id in planned and latest.get(cell_id) is not Status.OK
-        (keep if redo else drop).append(item)
-    config.hook.pytest_deselected(items=drop)
-    items[:] = keep
+        select_for_resume(config, items, resume.manifest, resume.latest)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -117,6 +117,7 @@ def make_baseline_faster(storage):
 
 
 @pytest.mark.parametrize("isolation", ["process", "none"])
+@pytest.mark.slow
 def test_json_save_compare_and_compare_fail(pytester, isolation):
     results, storage, out = pytester.path / "r", pytester.path / "bench", pytester.path / "o.json"
     common = [f"--isolation={isolation}", f"--benchmark-storage={storage}"]
@@ -151,6 +152,7 @@ def test_json_save_compare_and_compare_fail(pytester, isolation):
     assert store.read_manifest(run_dir).state == "complete"  # the run itself is whole
 
 
+@pytest.mark.slow
 def test_without_pytest_benchmark_nothing_is_fed_or_imported(pytester):
     check = "import sys\n\ndef test_x():\n    assert 'pytest_benchmark' not in sys.modules\n"
     pytester.makepyfile(test_imports=check)
@@ -170,6 +172,7 @@ def test_without_pytest_benchmark_nothing_is_fed_or_imported(pytester):
         ("--benchmark-only", "process", {"passed": 3, "skipped": 1}, True),
     ],
 )
+@pytest.mark.slow
 def test_disable_skip_and_only(pytester, option, isolation, outcomes, fed):
     out, results = pytester.path / "o.json", pytester.path / "r"
     pytester.makepyfile(test_wl=WORKLOAD)
@@ -202,6 +205,7 @@ def _shapes_args(tmp):
 
 
 @pytest.mark.parametrize("workload", [_streaming_args, _shapes_args], ids=["streaming", "shapes"])
+@pytest.mark.slow
 def test_real_single_stream_workloads_reach_the_json(tmp_path, workload):
     args, prefix = workload(tmp_path)
     out, results = tmp_path / "o.json", tmp_path / "r"

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from harness import cli
 from harness.results import store
 from tests.support.records_factory import manifest, record
@@ -40,6 +42,7 @@ def test_report_on_a_corrupt_run_fails_naming_the_file(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path / "nope")]) == 2
 
 
+@pytest.mark.slow
 def test_module_entry_point_runs():
     proc = subprocess.run(
         [sys.executable, "-m", "harness", "engines"],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from pathlib import Path
@@ -12,18 +11,17 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from harness import cli
 from harness.metrics import stats
+from harness.metrics.stats import Statistic, resample_percentile
 from harness.report.compare import (
     RESAMPLES,
     CompareError,
     Comparison,
     MetricComparison,
-    _resample_percentile,
-    _Stat,
     compare_runs,
     direction,
     holm,
-    register,
     statistic,
 )
 from harness.results import store
@@ -388,15 +386,15 @@ def test_direction_and_statistic_from_units_and_paths() -> None:
     expected |= {"tok/s": "higher", "avg": "none", "%": "none", "x": "none", "MiB/min": "none"}
     assert {unit: direction(unit) for unit in expected} == expected
     p99, mean = statistic("ttft.p99"), statistic("latency.mean")
-    assert p99 == _Stat("ttft", 99.0)
-    assert mean == _Stat("latency", None)
+    assert p99 == Statistic("ttft", 99.0)
+    assert mean == Statistic("latency", None)
     assert statistic("throughput.requests_per_s") is None
     assert statistic("e2e.p100") is None
 
 
 def test_percentile_bootstrap_matches_brute_force_resampling() -> None:
     values = latencies(3, n=500)
-    exact = _resample_percentile(values, 90.0, np.random.default_rng(0))
+    exact = resample_percentile(values, 90.0, np.random.default_rng(0))
     rng = np.random.default_rng(1)
     brute = [
         stats.nearest_rank(values[rng.integers(0, values.size, values.size)], 90.0)
@@ -411,9 +409,7 @@ def test_percentile_bootstrap_matches_brute_force_resampling() -> None:
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
-    parser = argparse.ArgumentParser(prog="harness")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    args = cli.parser().parse_args(argv)
     out = io.StringIO()
     code = args.func(args, Console(file=out, width=200, color_system=None))
     return code, out.getvalue()

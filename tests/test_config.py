@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.exceptions import UsageError
 from harness.results.records import Manifest
 from harness.session.config import (
     PROFILES,
@@ -11,7 +12,6 @@ from harness.session.config import (
     Dist,
     Distribution,
     ProfileName,
-    UsageError,
     parse_dist,
     parse_settings,
 )

@@ -10,6 +10,7 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from engines.null import NullEngine, NullGenerativeEngine
 from harness.engine import EngineConfig, GenerationRequest
@@ -19,6 +20,8 @@ from harness.load.serving import NoBatching, serve_open_loop
 from harness.load.streamdriver import Driver
 from harness.metrics import stats
 from harness.metrics.streamtiming import StreamMetrics
+
+pytestmark = pytest.mark.slow
 
 RATE = 100.0
 N = 400

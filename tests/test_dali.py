@@ -95,6 +95,7 @@ def test_dali_gpu_says_it_needs_a_gpu():
         backends.make("dali-gpu")
 
 
+@pytest.mark.slow
 def test_the_workload_runs_dali_cpu_cells_ok(tmp_path: Path):
     pytest.importorskip("onnxruntime")
     result = run_workloads(

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from harness import cli
+from harness.exceptions import RecordError, StorageError
 from harness.report import matrix
 from harness.results import lock, store
-from harness.results.records import RecordError, Status
+from harness.results.records import Status
 from tests.support.records_factory import manifest, record
 from tests.test_recommend import batching_run, build, served
 
@@ -149,7 +150,7 @@ def test_report_on_a_read_only_file_system_is_an_error(tmp_path, capsys, monkeyp
     assert code == 2
     assert f"error: cannot write {run / 'matrix.md'}: Read-only file system" in out
     # the end-of-run report fails as a record write does: a StorageError, with the file
-    with pytest.raises(store.StorageError, match=r"cannot write .*matrix\.md: Read-only"):
+    with pytest.raises(StorageError, match=r"cannot write .*matrix\.md: Read-only"):
         matrix.write(run)
     code, out = main(["report", str(run), "--html", "--out", str(tmp_path / "out")], capsys)
     assert code == 2
@@ -197,6 +198,7 @@ def test_compare_and_recommend_json_into_a_directory_is_an_error(tmp_path, capsy
 # --- item 9: files that cannot be read or reported ------------------------------------
 
 
+@pytest.mark.slow
 def test_nan_in_a_figure_is_reported_as_nan(tmp_path):
     run = small_run(tmp_path)
     edit(cell_file(run), lambda d: d["metrics"]["e2e"].update(p50="NaN"))

@@ -24,6 +24,8 @@ import pytest
 
 from harness import cli
 
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parent / "data"
 ARCHIVE = DATA / "golden-runs.tar.xz"
 EXPECTED = DATA / "golden-expected"

@@ -45,6 +45,7 @@ def _check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str]
     return proc, json.loads((out / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_its_steps_and_summarizes_per_engine(tmp_path):
     proc, summary = _check(
         tmp_path, "--device=cpu", "--workloads=test_batching.py and rate100-none"
@@ -69,6 +70,7 @@ def test_gpu_check_runs_its_steps_and_summarizes_per_engine(tmp_path):
     assert len(summary["run_dirs"]) == 1
 
 
+@pytest.mark.slow
 def test_gpu_check_fails_where_no_engine_ran_on_the_gpu(tmp_path):
     if any(registry.status(n, "cuda").availability.available for n in ("onnxruntime", "torch")):
         pytest.skip("an engine can run on cuda here: this test is for machines without a GPU")

@@ -38,6 +38,7 @@ def test_runs_merge_into_one_matrix_with_a_column_per_engine(two_engines):
     assert row.entries["torch"].record.engine == "torch"
 
 
+@pytest.mark.slow
 def test_cells_from_other_hardware_get_columns_of_their_own(tmp_path):
     dirs = [
         write_run(tmp_path / "a", "onnxruntime"),
@@ -59,6 +60,7 @@ def test_cells_from_other_hardware_get_columns_of_their_own(tmp_path):
     assert "measured on 2 different machines" in page
 
 
+@pytest.mark.slow
 def test_a_cell_measured_twice_on_one_machine_shows_the_later_run_and_says_so(tmp_path):
     early = write_run(tmp_path / "a", "onnxruntime", created_at="2026-01-01T00:00:00.000Z")
     late = write_run(tmp_path / "b", "onnxruntime", created_at="2026-02-01T00:00:00.000Z")
@@ -78,6 +80,7 @@ def test_the_same_run_twice_is_refused(two_engines):
         runset.load([two_engines[0], two_engines[0]])
 
 
+@pytest.mark.slow
 def test_page_shows_statuses_not_numbers_and_escapes_engine_text(two_engines):
     page, figures = htmlpage.render(runset.load(two_engines))
     # a failed cell: its status and (escaped) reason, never figures
@@ -105,6 +108,7 @@ def test_page_shows_statuses_not_numbers_and_escapes_engine_text(two_engines):
     } <= names
 
 
+@pytest.mark.slow
 def test_page_fetches_nothing(two_engines):
     page, _ = htmlpage.render(runset.load(two_engines))
     assert "<script" not in page
@@ -113,6 +117,7 @@ def test_page_fetches_nothing(two_engines):
     assert not re.search(r"url\((?!#)", page)  # only references within the page
 
 
+@pytest.mark.slow
 def test_report_files_are_byte_identical_when_rebuilt(two_engines, tmp_path):
     runs = runset.load(two_engines)
     first = htmlpage.write(runs, tmp_path / "r1")
@@ -129,6 +134,7 @@ def test_report_files_are_byte_identical_when_rebuilt(two_engines, tmp_path):
     assert first.plots[0].read_bytes()[:4] in (b"<svg", b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_stale_plots_from_an_earlier_build_are_removed(two_engines, tmp_path):
     out = tmp_path / "r"
     (out / "plots").mkdir(parents=True)
@@ -137,6 +143,7 @@ def test_stale_plots_from_an_earlier_build_are_removed(two_engines, tmp_path):
     assert not (out / "plots" / "gone.svg").exists()
 
 
+@pytest.mark.slow
 def test_cli_merges_several_runs_only_with_out(two_engines, tmp_path, capsys):
     assert cli.main(["report", *map(str, two_engines), "--html"]) == 2
     assert "say where it goes with --out DIR" in capsys.readouterr().out
@@ -151,6 +158,7 @@ def test_cli_names_an_unreadable_run(tmp_path, capsys):
     assert "nope" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_an_unfinished_run_is_flagged(tmp_path):
     run = write_run(tmp_path, "onnxruntime", planned_extra=("batching.onnxruntime.rate=1",))
     page, _ = htmlpage.render(runset.load([run]))
@@ -163,6 +171,7 @@ def test_an_unfinished_run_is_flagged(tmp_path):
     reason="chromium is not installed "
     "(python scripts/ensure_chromium.py installs Debian's package)",
 )
+@pytest.mark.slow
 def test_chromium_renders_matrix_and_plots_without_console_errors(two_engines, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     written = htmlpage.write(runset.load(two_engines), tmp_path / "report")

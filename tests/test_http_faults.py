@@ -20,6 +20,8 @@ from harness.session.outcome import RunExit
 from tests.support.fault_server import Plan, fault_server
 from tests.support.runner import run_workloads
 
+pytestmark = pytest.mark.slow
+
 REQUESTS = 150
 WARMUP = 4  # the streaming workload's warm-up requests come first and are kept clean
 BREAKING = ("429", "500", "reset", "truncate", "error")

@@ -32,6 +32,7 @@ def bad_corpus(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_undecodable_images_stop_the_run_with_one_message_naming_each(tmp_path):
     images = bad_corpus(tmp_path / "images")
     proc = pytest_workloads(tmp_path, f"--images={images}", "-k", "test_preprocessing.py and pil")

@@ -27,6 +27,8 @@ from tests.support.isolated import (
     write_project,
 )
 
+pytestmark = pytest.mark.slow
+
 pytest_plugins = ["pytester"]
 
 TENSOR = [

@@ -14,6 +14,8 @@ from harness.report import matrix
 from harness.results.records import CellRecord, Status
 from tests.support.runner import run_workloads
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("onnxruntime")
 
 WINDOW_S = 1.5

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.exceptions import UsageError
 from harness.results.records import Manifest
-from harness.session.config import UsageError, parse_settings
+from harness.session.config import parse_settings
 from harness.session.state import check_resumable
 from tests.support.runner import pytest_workloads
 from workloads import models
@@ -81,6 +82,7 @@ def _model(tmp: Path, kind: str) -> Path:
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_model_the_tensor_engines_cannot_load_stops_the_run_with_one_message(
     tmp_path, kind, message
 ):
@@ -93,6 +95,7 @@ def test_a_model_the_tensor_engines_cannot_load_stops_the_run_with_one_message(
     assert not (tmp_path / "runs").exists()  # stopped before any run directory
 
 
+@pytest.mark.slow
 def test_a_model_directory_is_fine_for_a_generative_engine(tmp_path):
     folder = tmp_path / "llm"
     folder.mkdir()
@@ -123,6 +126,7 @@ def test_a_model_directory_is_fine_for_a_generative_engine(tmp_path):
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_dim_the_model_does_not_have_is_a_usage_error_naming_the_ones_it_has(
     tmp_path, model, message
 ):

@@ -21,6 +21,7 @@ import pytest
 
 from harness.dist.rayclients import RayActors
 from harness.engine import EngineConfig, GenerationRequest, registry
+from harness.exceptions import UsageError
 from harness.load.clients import (
     ClientFailure,
     ClientResult,
@@ -44,7 +45,7 @@ from harness.load.localclients import LocalProcesses, client_process
 from harness.load.stream_summary import summarize_stream
 from harness.metrics.streamtiming import RequestRecord
 from harness.metrics.validity import Verdict, judge
-from harness.session.config import PROFILES, Distribution, ProfileName, UsageError, parse_settings
+from harness.session.config import PROFILES, Distribution, ProfileName, parse_settings
 from workloads.generative import LoadSource, launcher_for
 
 TICK = 1 / 1024  # times on a binary grid: shifting by powers of two is exact
@@ -354,6 +355,7 @@ def dies_or_hangs(spec: ClientSpec, conn: Connection, cpus: frozenset[int] | Non
     client_process(spec, conn, cpus)
 
 
+@pytest.mark.slow
 def test_local_clients_that_die_or_hang_do_not_hang_the_run():
     load = null_gen_load(60, 3, rate=100.0)
     t0 = time.monotonic()
@@ -382,6 +384,7 @@ def test_a_client_with_a_start_fixed_in_advance_runs_in_this_process():
     assert 0.0 <= result.start_late_s < 0.05
 
 
+@pytest.mark.slow
 def test_local_clients_on_the_wall_clock_merge_onto_this_process_clock():
     load = replace(null_gen_load(40, 2, rate=100.0), clock=ClockKind.WALL)
     before = time.perf_counter()
@@ -395,6 +398,7 @@ def test_local_clients_on_the_wall_clock_merge_onto_this_process_clock():
     assert offsets == pytest.approx([i / 100.0 for i in range(40)], abs=1e-3)
 
 
+@pytest.mark.slow
 def test_a_client_whose_engine_raises_reports_why():
     load = replace(null_gen_load(6, 2, rate=100.0), engine="no-such-engine")
     merged = run_shared(load, LocalProcesses(), Deadlines(60.0, 10.0))
@@ -435,6 +439,7 @@ def noop_url():
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_two_client_processes_against_the_noop_server(noop_url):
     rate, n = 200.0, 400
     offsets = np.cumsum(np.random.default_rng(5).exponential(1 / rate, size=n))

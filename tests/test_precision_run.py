@@ -9,6 +9,8 @@ import pytest
 from harness.results.records import Status
 from tests.support.runner import run_workloads
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("onnxruntime")
 
 

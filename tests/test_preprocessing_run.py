@@ -16,6 +16,8 @@ from tests.support.imagefiles import write_small_corpus
 from tests.support.runner import run_workloads
 from workloads import models
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("onnxruntime")
 pytest.importorskip("PIL")
 pytest.importorskip("cv2")

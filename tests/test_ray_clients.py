@@ -32,7 +32,10 @@ pytest.importorskip("ray", reason="Ray is not installed (tox -e ray)")
 for module in ("aiohttp", "httpx"):
     pytest.importorskip(module, reason="the openai adapter's extra is not installed")
 WHY_NOT = can_make_namespaces()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"no test hosts: {WHY_NOT}")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(WHY_NOT is not None, reason=f"no test hosts: {WHY_NOT}"),
+]
 
 REPO = Path(__file__).resolve().parents[1]
 PORT = 8731

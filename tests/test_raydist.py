@@ -14,6 +14,8 @@ from harness.results import store
 from harness.results.records import Status
 from tests.support.runner import REPO, run_workloads
 
+pytestmark = pytest.mark.slow
+
 FAKE = ["-p", "tests.support.fakeray", "--dist=ray", "--engine=null"]
 TWO_CELLS = ["-k", "test_batching and rate100 and (none or static)"]
 NONE_CELL = "workloads/test_batching.py::test_batching[rate100-none-b1-null]"

@@ -1,12 +1,12 @@
 """``harness.report.recommend``: constructed runs with hand-computed answers."""
 
-import argparse
 import io
 import json
 
 import pytest
 from rich.console import Console
 
+from harness import cli
 from harness.metrics import stats
 from harness.metrics.streamtiming import parse_slos
 from harness.report import recommend as rec
@@ -480,9 +480,7 @@ def test_precision_cell_offers_its_fp32_reference_as_a_configuration(tmp_path):
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="python -m harness")
-    rec.register(p.add_subparsers(dest="command", required=True))
-    return p
+    return cli.parser()
 
 
 def run_cli(argv):

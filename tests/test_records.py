@@ -3,8 +3,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from harness.exceptions import NewerSchemaError, RecordError
 from harness.results import records
-from harness.results.records import CellRecord, NewerSchemaError, RecordError, Status
+from harness.results.records import CellRecord, Status
 from tests.support.records_factory import record
 
 

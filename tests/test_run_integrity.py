@@ -31,6 +31,8 @@ from tests.support.isolated import (
 )
 from workloads import models
 
+pytestmark = pytest.mark.slow
+
 LIMITS = ("--engine=faulty", "--window=1.2")
 
 

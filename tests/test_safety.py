@@ -6,14 +6,15 @@ import json
 
 import pytest
 
+from harness.exceptions import RecordError, UsageError
 from harness.report import matrix
 from harness.results import records, store
 from harness.results import redact as redact_module
-from harness.results.records import CellRecord, RecordError, Status
+from harness.results.records import CellRecord, Status
 from harness.results.redact import MASK, redact, redact_text, secrets_in
 from harness.session.cell import make_cell_id
 from harness.session.child import describe_exit
-from harness.session.config import UsageError, parse_size
+from harness.session.config import parse_size
 from tests.support.records_factory import manifest, record
 
 

@@ -3,6 +3,7 @@ import threading
 
 import pytest
 
+from harness.exceptions import RecordExists, StorageError
 from harness.results import store
 from tests.support.records_factory import manifest, record
 
@@ -11,7 +12,7 @@ def test_record_is_written_once_and_never_overwritten(tmp_path):
     run = store.new_run_dir(tmp_path)
     first = record(run_id=run.name, p50=0.001)
     path = store.write_record(run, first)
-    with pytest.raises(store.RecordExists, match="never overwritten"):
+    with pytest.raises(RecordExists, match="never overwritten"):
         store.write_record(run, record(run_id=run.name, p50=0.999))
     assert store.read_records(run) == [first]
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp left behind
@@ -24,7 +25,7 @@ def test_failure_mid_write_leaves_no_partial_record(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", broken_fsync)
-    with pytest.raises(store.StorageError, match="no space left on the device"):
+    with pytest.raises(StorageError, match="no space left on the device"):
         store.write_record(run, record(run_id=run.name))
     monkeypatch.undo()
     assert list((run / store.CELLS).iterdir()) == []

@@ -8,6 +8,8 @@ from harness.results.records import Status
 from tests.support.runner import run_workloads
 from workloads import models
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("onnxruntime")
 
 

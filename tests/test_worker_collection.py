@@ -15,6 +15,8 @@ import pytest
 from harness.results.records import Status
 from tests.support.isolated import only_run_dir, records_of, run, write_project
 
+pytestmark = pytest.mark.slow
+
 pytest_plugins = ["pytester"]
 
 CELLS = ("tensor.faulty.fault=none", "tensor.faulty.fault=none-again")

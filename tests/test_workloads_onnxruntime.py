@@ -13,6 +13,8 @@ from harness.results import store
 from harness.results.records import CellRecord, Status
 from tests.support.runner import run_workloads
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("onnxruntime")
 
 WINDOW_S = 1.5  # quick profile, shortened: every cell still needs >= 1 s and >= 100 samples

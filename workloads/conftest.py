@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.plugin import settings_of
-from harness.session.config import RunSettings
+from harness.api import RunSettings, settings_of
 from workloads import pipeline, usermodel
 from workloads.generative import model_dir
 

@@ -13,33 +13,32 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from harness.dist.rayclients import RayActors
-from harness.engine import (
+from harness.api import (
+    Cell,
+    ClientsOn,
+    ClosedShare,
+    Deadlines,
+    Driver,
     EngineConfig,
     EngineError,
     ExposesCounters,
     GenerationRequest,
     GenerativeEngine,
-    counter_delta,
-)
-from harness.load.clients import (
-    ClosedShare,
-    Deadlines,
+    Headline,
     Launcher,
+    LocalProcesses,
+    MonotonicClock,
+    OpenEngine,
     OpenShare,
+    RayActors,
+    RequestRecord,
+    RunSettings,
     Share,
     SharedLoad,
+    counter_delta,
     run_shared,
+    summarize_stream,
 )
-from harness.load.clock import MonotonicClock
-from harness.load.localclients import LocalProcesses
-from harness.load.stream_summary import summarize_stream
-from harness.load.streamdriver import Driver
-from harness.metrics.streamtiming import RequestRecord
-from harness.plugin import OpenEngine
-from harness.results.records import Headline
-from harness.session.cell import Cell
-from harness.session.config import ClientsOn, RunSettings
 from workloads.inputs import lengths
 
 FIRST_ID = 4  # ids below are the tokenizer's special tokens (<s>, </s>, <unk>, <pad>)

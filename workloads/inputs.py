@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from harness.engine import TensorSpec
+from harness.api import TensorSpec
 
 Array = npt.NDArray[Any]
 

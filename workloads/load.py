@@ -16,21 +16,34 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from harness.engine import EngineError, TensorEngine, device_spans
-from harness.load.arrivals import OpenLoop, Schedule
-from harness.load.capacity import CapacityResult, Point, Stop, SweepResult
-from harness.load.clock import Clock, MonotonicClock
-from harness.load.serve_summary import summarize_trace
-from harness.load.serving import BatchPolicy, NoBatching, serve_open_loop
-from harness.load.stream_summary import summarize_stream
-from harness.metrics import stats
-from harness.metrics.slowlog import SlowLog
-from harness.metrics.streamtiming import SLO
-from harness.metrics.telemetry import Telemetry
-from harness.metrics.validity import Evidence, Verdict, judge
-from harness.results.records import Headline
-from harness.session.cell import Cell
-from harness.session.config import RunSettings
+from harness.api import (
+    SLO,
+    BatchPolicy,
+    CapacityResult,
+    Cell,
+    Clock,
+    EngineError,
+    Evidence,
+    Headline,
+    MonotonicClock,
+    NoBatching,
+    OpenLoop,
+    Point,
+    RunSettings,
+    Schedule,
+    SlowLog,
+    Stop,
+    SweepResult,
+    Telemetry,
+    TensorEngine,
+    Verdict,
+    device_spans,
+    judge,
+    serve_open_loop,
+    stats,
+    summarize_stream,
+    summarize_trace,
+)
 from workloads import inputs
 from workloads.generative import LoadSource, Sent, make_requests
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.session.config import cache_root
+from harness.api import cache_root
 
 OPSET = 17
 GENERATOR_VERSION = 1  # bump when a builder changes, so cached files are not reused

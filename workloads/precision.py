@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from harness.metrics import stats
+from harness.api import stats
 
 Outputs = Mapping[str, npt.NDArray[Any]]
 Infer = Callable[[Mapping[str, npt.NDArray[Any]]], Outputs]

@@ -13,22 +13,28 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.load.arrivals import OpenLoop
-from harness.load.clock import MonotonicClock
-from harness.load.serve_summary import e2e_slos, summarize_trace
-from harness.load.serving import (
+from harness.api import (
     BatchPolicy,
+    Cell,
     DynamicBatching,
+    Headline,
+    HistogramPlot,
+    MonotonicClock,
     NoBatching,
+    OpenEngine,
+    OpenLoop,
+    PolicyCurvePlot,
+    ProfileName,
+    ReportSpec,
+    RunSettings,
     StaticBatching,
+    e2e_slos,
     serve_open_loop,
+    settings_of,
+    stats,
+    summarize_trace,
 )
-from harness.metrics import stats
-from harness.plugin import OpenEngine, settings_of
-from harness.results.records import Headline
-from harness.session.cell import Cell
-from harness.session.config import ProfileName, RunSettings
-from workloads import inputs
+from workloads import inputs, reporting
 from workloads.load import timed_batch
 from workloads.usermodel import open_model
 
@@ -75,7 +81,34 @@ def make_policy(mode: str, batch: int, delay_ms: float | None) -> BatchPolicy:
     raise ValueError(f"unknown batching mode {mode!r} (delay_ms={delay_ms})")
 
 
+REPORT = ReportSpec(
+    throughput=reporting.REQUESTS,
+    scenario=("rate",),  # the offered load is given; the batching policy is chosen
+    timing_floor=reporting.LAG_P99,
+    plots=(
+        PolicyCurvePlot(
+            over="rate",
+            per="policy",
+            caption="One line per batching policy; each point one offered rate of the"
+            " batching grid.",
+        ),
+        reporting.E2E_CDF,
+        HistogramPlot(
+            histogram="batch_size",
+            name="batch-sizes",
+            section="Batch sizes",
+            title="batch-size histograms",
+            caption="Share of dispatched batches of each size: a static batch waits to fill,"
+            " a dynamic one closes early at low load.",
+            xlabel="batch size",
+            ylabel="share of batches",
+        ),
+    ),
+)
+
+
 @pytest.mark.requires(family="tensor")
+@pytest.mark.report_spec(REPORT)
 def test_batching(
     cell: Cell,
     open_engine: OpenEngine,

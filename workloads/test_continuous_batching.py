@@ -14,12 +14,8 @@ import asyncio
 
 import pytest
 
-from harness.load.arrivals import OpenLoop
-from harness.load.clock import MonotonicClock
-from harness.load.streamdriver import Driver
-from harness.plugin import OpenEngine
-from harness.session.cell import Cell
-from harness.session.config import RunSettings
+from harness.api import Cell, Driver, MonotonicClock, OpenEngine, OpenLoop, ReportSpec, RunSettings
+from workloads import reporting
 from workloads.generative import (
     engine_counters,
     finish,
@@ -36,8 +32,17 @@ RATE = 8.0  # about half of what one 2-core CPU serves: load, not overload
 GRID = [("continuous", 16), ("static", 16), ("continuous", 4), ("static", 4)]
 SERVER_SEQS = 16  # the harness-started server's max_num_seqs (engines/vllm_server.py)
 
+# The offered stream is fixed; the batching mode and max_num_seqs are what is chosen.
+REPORT = ReportSpec(
+    throughput=reporting.REQUESTS,
+    tokens=reporting.TOKENS,
+    timing_floor=reporting.LAG_P99,
+    plots=(reporting.TTFT_CDF, reporting.E2E_CDF),
+)
+
 
 @pytest.mark.requires(family="generative", native_batching="continuous")
+@pytest.mark.report_spec(REPORT)
 @pytest.mark.parametrize(("mode", "max_num_seqs"), GRID, ids=[f"{m}-seqs{s}" for m, s in GRID])
 def test_continuous_batching(
     request: pytest.FixtureRequest,

@@ -22,15 +22,30 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.load.arrivals import Arrivals, OpenLoop, RateShape, Schedule, ShapedLoad
-from harness.load.capacity import KneeRule, SearchPolicy, capacity_search, sweep
-from harness.load.serve_summary import e2e_slos
-from harness.load.serving import BatchPolicy, DynamicBatching, NoBatching
-from harness.metrics.streamtiming import SLO, parse_slos
-from harness.plugin import OpenEngine, settings_of
-from harness.session.cell import Cell
-from harness.session.config import ProfileName, RunSettings
-from workloads import inputs
+from harness.api import (
+    SLO,
+    Arrivals,
+    BatchPolicy,
+    Cell,
+    DynamicBatching,
+    KneeRule,
+    NoBatching,
+    OpenEngine,
+    OpenLoop,
+    ProfileName,
+    RateShape,
+    ReportSpec,
+    RunSettings,
+    Schedule,
+    SearchPolicy,
+    ShapedLoad,
+    capacity_search,
+    e2e_slos,
+    parse_slos,
+    settings_of,
+    sweep,
+)
+from workloads import inputs, reporting
 from workloads.generative import load_source, model_dir, vocab_size
 from workloads.load import (
     GenerativeTarget,
@@ -127,7 +142,33 @@ def _search(settings: RunSettings, bounds: dict[str, float]) -> SearchPolicy:
     )
 
 
+# A search settles on a load point of its own: its load is part of the answer. The
+# capacity objective and the batching are configuration; a traffic shape is the question.
+SEARCH_PLOTS = (reporting.LOAD_CURVE, reporting.E2E_CDF)
+GENERATIVE_SEARCH_PLOTS = (reporting.LOAD_CURVE, reporting.TTFT_CDF, reporting.E2E_CDF)
+TENSOR_SERVED = ReportSpec(
+    throughput=reporting.REQUESTS, timing_floor=reporting.LAG_P99, plots=(reporting.E2E_CDF,)
+)
+GENERATIVE_SERVED = ReportSpec(
+    throughput=reporting.REQUESTS,
+    tokens=reporting.TOKENS,
+    timing_floor=reporting.LAG_P99,
+    plots=(reporting.TTFT_CDF, reporting.E2E_CDF),
+)
+RATE_SWEEP = ReportSpec(search=reporting.SWEEP, plots=SEARCH_PLOTS)
+CAPACITY = ReportSpec(search=reporting.CAPACITY, plots=SEARCH_PLOTS)
+SOAK = TENSOR_SERVED
+LOAD_SHAPE = TENSOR_SERVED.model_copy(update={"scenario": ("shape",)})
+USERS_SWEEP = ReportSpec(
+    search=reporting.SWEEP, tokens=reporting.TOKENS, plots=GENERATIVE_SEARCH_PLOTS
+)
+GENERATIVE_CAPACITY = USERS_SWEEP.model_copy(update={"search": reporting.CAPACITY})
+GENERATIVE_SOAK = GENERATIVE_SERVED
+GENERATIVE_SHAPE = GENERATIVE_SERVED.model_copy(update={"scenario": ("shape",)})
+
+
 @pytest.mark.requires(family="tensor")
+@pytest.mark.report_spec(RATE_SWEEP)
 def test_rate_sweep(cell: Cell, open_engine: OpenEngine, harness_settings: RunSettings) -> None:
     slos = e2e_slos(harness_settings.slos)
     target = _tensor_target(cell, open_engine, harness_settings, slos, NoBatching())
@@ -136,6 +177,7 @@ def test_rate_sweep(cell: Cell, open_engine: OpenEngine, harness_settings: RunSe
 
 
 @pytest.mark.requires(family="tensor")
+@pytest.mark.report_spec(CAPACITY)
 @pytest.mark.parametrize("batching", ["none", "dynamic-b8-2ms"])
 def test_capacity(
     cell: Cell,
@@ -171,6 +213,7 @@ def _finish_capacity(
 
 
 @pytest.mark.requires(family="tensor")
+@pytest.mark.report_spec(SOAK)
 def test_soak(cell: Cell, open_engine: OpenEngine, harness_settings: RunSettings) -> None:
     profile = harness_settings.profile
     slos = e2e_slos(harness_settings.slos)
@@ -201,6 +244,7 @@ def _shape(name: str, family: str, duration: float) -> tuple[Schedule, list[floa
 
 
 @pytest.mark.requires(family="tensor")
+@pytest.mark.report_spec(LOAD_SHAPE)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_load_shape(
     cell: Cell, open_engine: OpenEngine, harness_settings: RunSettings, shape: str
@@ -213,6 +257,7 @@ def test_load_shape(
 
 
 @pytest.mark.requires(family="generative", streaming=True)
+@pytest.mark.report_spec(USERS_SWEEP)
 def test_generative_users_sweep(
     request: pytest.FixtureRequest,
     cell: Cell,
@@ -229,6 +274,7 @@ def test_generative_users_sweep(
 
 
 @pytest.mark.requires(family="generative", streaming=True)
+@pytest.mark.report_spec(GENERATIVE_CAPACITY)
 def test_generative_capacity(
     request: pytest.FixtureRequest,
     cell: Cell,
@@ -244,6 +290,7 @@ def test_generative_capacity(
 
 
 @pytest.mark.requires(family="generative", streaming=True)
+@pytest.mark.report_spec(GENERATIVE_SOAK)
 def test_generative_soak(
     request: pytest.FixtureRequest,
     cell: Cell,
@@ -260,6 +307,7 @@ def test_generative_soak(
 
 
 @pytest.mark.requires(family="generative", streaming=True)
+@pytest.mark.report_spec(GENERATIVE_SHAPE)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_generative_shape(
     request: pytest.FixtureRequest,

@@ -20,16 +20,24 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.engine import EngineError, TensorEngine, registry
-from harness.load.clock import MonotonicClock
-from harness.load.stream_summary import summarize_stream
-from harness.load.streamdriver import Driver
-from harness.metrics import stats
-from harness.metrics.validity import Evidence
-from harness.plugin import OpenEngine, settings_of
-from harness.results.records import Headline
-from harness.session.cell import Cell
-from harness.session.config import RunSettings
+from harness.api import (
+    Cell,
+    Driver,
+    EngineError,
+    Evidence,
+    Headline,
+    MonotonicClock,
+    OpenEngine,
+    Paired,
+    Rate,
+    ReportSpec,
+    RunSettings,
+    TensorEngine,
+    registry,
+    settings_of,
+    stats,
+    summarize_stream,
+)
 from workloads import inputs, models
 from workloads.generative import make_requests, model_dir, open_generative, vocab_size
 from workloads.precision import (
@@ -75,7 +83,33 @@ def _tensor(engine: Any) -> TensorEngine:
     return engine
 
 
+# Both paths of a cell are ranked (without SLO: their rates come from p50 latency or one
+# request at a time); a reduced precision beyond its tolerance is never recommended.
+REFERENCE_PATH = "its fp32 reference path"
+ANSWERS_CHANGED = ("precision ",)  # the warnings _finish gives past the tolerance
+PRECISION = ReportSpec(
+    paired=Paired(
+        own=Rate(metric="throughput.reduced_items_per_s", unit="items/s", counts="items"),
+        reference=Rate(metric="throughput.reference_items_per_s", unit="items/s", counts="items"),
+        reference_label=REFERENCE_PATH,
+    ),
+    scenario=("model",),
+    answer_checks=ANSWERS_CHANGED,
+)
+PRECISION_GENERATIVE = ReportSpec(
+    paired=Paired(
+        own=Rate(metric="reduced.throughput.requests_per_s", unit="req/s", counts="requests"),
+        reference=Rate(
+            metric="reference.throughput.requests_per_s", unit="req/s", counts="requests"
+        ),
+        reference_label=REFERENCE_PATH,
+    ),
+    answer_checks=ANSWERS_CHANGED,
+)
+
+
 @pytest.mark.requires(family="tensor")
+@pytest.mark.report_spec(PRECISION)
 def test_precision(
     cell: Cell,
     open_engine: OpenEngine,
@@ -205,6 +239,7 @@ GEN_PROMPT, GEN_OUTPUT = (32, 16, 64), (32, 32, 32)  # (median, low, high) token
 
 
 @pytest.mark.requires(family="generative")
+@pytest.mark.report_spec(PRECISION_GENERATIVE)
 @pytest.mark.parametrize("precision", GEN_PRECISIONS)
 def test_precision_generative(
     request: pytest.FixtureRequest,

@@ -24,14 +24,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.engine import TensorEngine, TensorSpec
-from harness.metrics import stats
-from harness.metrics.validity import Evidence
-from harness.plugin import OpenEngine, settings_of
-from harness.results.records import Headline
-from harness.session.cell import Cell
-from harness.session.config import ProfileName, RunSettings
-from workloads import pipeline
+from harness.api import (
+    Cell,
+    Evidence,
+    Headline,
+    OpenEngine,
+    ProfileName,
+    ReportSpec,
+    RunSettings,
+    StagesPlot,
+    TensorEngine,
+    TensorSpec,
+    settings_of,
+    stats,
+)
+from workloads import pipeline, reporting
 from workloads.backends import BACKENDS, REFERENCE, make
 from workloads.pipeline import Corpus, Limits, Tolerance, Window
 from workloads.preprocess import Preprocessor, Transform, Unavailable
@@ -144,8 +151,31 @@ PARITY_HEADLINE = [
     Headline(label="mean|d|", metric="parity.mean_abs", unit=""),
 ]
 
+# What competes is the library doing the preprocessing (``engine/backend``); one whose
+# output differs from the reference beyond tolerance is never recommended.
+PREPROCESSING_E2E = ReportSpec(
+    throughput=reporting.IMAGES, contender=("backend",), answer_checks=("parity vs ",)
+)
+PREPROCESSING = PREPROCESSING_E2E.model_copy(
+    update={
+        "plots": (
+            StagesPlot(
+                metric="stage_times",
+                per="per_image_s",
+                name="preprocessing-stages",
+                section="Preprocessing stages",
+                title="preprocessing: where the time goes, per image",
+                caption="Decode, resize and normalize measured stage by stage over the corpus.",
+                xlabel="ms per image",
+                scale=1e3,
+            ),
+        )
+    }
+)
+
 
 @pytest.mark.requires(family="tensor")
+@pytest.mark.report_spec(PREPROCESSING)
 def test_preprocessing(
     cell: Cell,
     harness_settings: RunSettings,
@@ -203,6 +233,7 @@ def image_input(specs: tuple[TensorSpec, ...]) -> tuple[str, Transform]:
 
 
 @pytest.mark.requires(family="tensor")
+@pytest.mark.report_spec(PREPROCESSING_E2E)
 def test_preprocessing_e2e(
     cell: Cell,
     open_engine: OpenEngine,

@@ -22,14 +22,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.engine import EngineError, TensorEngine, TensorSpec
-from harness.load.clock import MonotonicClock, gc_paused
-from harness.metrics import stats
-from harness.metrics.validity import Evidence
-from harness.plugin import OpenEngine, settings_of
-from harness.results.records import Headline
-from harness.session.cell import Cell
-from harness.session.config import RunSettings
+from harness.api import (
+    Cell,
+    EngineError,
+    Evidence,
+    Headline,
+    MonotonicClock,
+    OpenEngine,
+    Rate,
+    ReportSpec,
+    RunSettings,
+    TensorEngine,
+    TensorSpec,
+    gc_paused,
+    settings_of,
+    stats,
+)
 from workloads import inputs, models
 from workloads.usermodel import open_model
 
@@ -95,7 +103,15 @@ def _maxima(specs: tuple[TensorSpec, ...], model: str, settings: RunSettings) ->
     return {n: settings.dims.get(n, defaults.get(n, 0)) for n in names}
 
 
+# One request in flight: no load generator lag to floor a comparison, no load to serve.
+REPORT = ReportSpec(
+    throughput=Rate(metric="throughput.requests_per_s", unit="req/s", counts="requests"),
+    scenario=("model",),
+)
+
+
 @pytest.mark.requires(family="tensor", dynamic_shapes=True)
+@pytest.mark.report_spec(REPORT)
 def test_shapes(
     cell: Cell,
     open_engine: OpenEngine,

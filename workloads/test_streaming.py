@@ -11,10 +11,8 @@ import asyncio
 
 import pytest
 
-from harness.load.arrivals import OpenLoop
-from harness.plugin import OpenEngine
-from harness.session.cell import Cell
-from harness.session.config import RunSettings
+from harness.api import Cell, OpenEngine, OpenLoop, ReportSpec, RunSettings
+from workloads import reporting
 from workloads.generative import (
     engine_counters,
     finish,
@@ -32,8 +30,17 @@ LOADS = [("closed", 1.0), ("closed", 4.0), ("open", 4.0), ("open", 12.0)]
 # request latencies (t_sched equals t_send there), which pytest-benchmark can compare.
 SINGLE_STREAM = ("closed", 1.0)
 
+REPORT = ReportSpec(
+    throughput=reporting.REQUESTS,
+    tokens=reporting.TOKENS,
+    scenario=("load", "level"),  # the loop and its concurrency or rate pose the question
+    timing_floor=reporting.LAG_P99,
+    plots=(reporting.TTFT_CDF, reporting.E2E_CDF),
+)
+
 
 @pytest.mark.requires(family="generative", streaming=True)
+@pytest.mark.report_spec(REPORT)
 @pytest.mark.parametrize(("load", "level"), LOADS, ids=[f"{a}-{b:g}" for a, b in LOADS])
 def test_streaming(
     request: pytest.FixtureRequest,

@@ -37,8 +37,7 @@ from engines.onnxprep import (
     inspect,
     make_batch_dynamic,
 )
-from harness.engine import Family, TensorSpec, registry
-from harness.session.config import RunSettings, cache_root
+from harness.api import Family, RunSettings, TensorSpec, cache_root, registry
 from workloads import inputs, models
 
 MODEL_FREE = frozenset({"null"})
@@ -248,7 +247,7 @@ def open_model(
     """Load ``--model`` if given (as ``workloads.usermodel`` prepared it), else the embedded
     ``default``, as a tensor engine of the cell; skips the cell when the model's fixed
     batch dimension cannot take the ``batches`` sizes the cell sends."""
-    from harness.engine import EngineError, TensorEngine  # noqa: PLC0415
+    from harness.api import EngineError, TensorEngine  # noqa: PLC0415
 
     user = user_model(settings, cell.engine)
     embedded_model = None if user else models.embedded(default, settings.seed)

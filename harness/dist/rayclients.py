@@ -23,20 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from harness.load.clients import (
-    Cancelled,
-    ClientFailure,
-    ClientResult,
-    ClientSpec,
-    ClockKind,
-    Deadlines,
-    Launched,
-    Outcome,
-    client_error,
-    clock_shift,
-    common_now,
-    run_client,
-)
+from harness.load.clients import ClientFailure, ClientResult, ClientSpec, ClockKind, Deadlines, Launched, Outcome, client_error, clock_shift, common_now, run_client
+from harness.exceptions import Cancelled
 from harness.dist.rayconn import connect, node_address, ray_module
 
 POLL_S = 0.5

@@ -29,7 +29,8 @@ import pytest
 from harness.session.config import RunSettings
 from harness.results.environment import RAY_NODE_ENV
 from harness.dist.rayconn import connect, node_address, ray_module
-from harness.results.records import CellRecord, RecordError, Status
+from harness.results.records import CellRecord, Status
+from harness.exceptions import RecordError
 from harness.dist.remotecell import RemoteResult, RemoteSpec, run_cell, spec_for
 from harness.session.state import RunState, engine_of, is_cell
 from harness.session.worker import rerun_args

@@ -17,16 +17,13 @@ from harness.engine.contract import (
     DeclaresPrecisions,
     Engine,
     EngineConfig,
-    EngineError,
     EngineFactory,
-    EngineUnavailable,
     ExposesCounters,
     Family,
     GenerationRequest,
     GenerativeEngine,
     JSONValue,
     ReportsDeviceTimes,
-    RequestError,
     TensorEngine,
     TensorSpec,
     check_inputs,
@@ -36,6 +33,7 @@ from harness.engine.contract import (
     is_fatal,
     reject_unknown_options,
 )
+from harness.exceptions import EngineError, EngineUnavailable, RequestError
 
 __all__ = [
     "DEVICE_STAGES",

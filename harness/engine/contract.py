@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from harness.exceptions import EngineError, RequestError
+
 JSONValue = Any
 """A value that ``json.dumps`` accepts (kept loose: describe() output is engine-defined)."""
 
@@ -38,15 +40,6 @@ class BatchingMode(enum.StrEnum):
     STATIC = "static"
     DYNAMIC = "dynamic"
     CONTINUOUS = "continuous"
-
-
-class EngineError(RuntimeError):
-    """The engine failed in a way that invalidates the cell (not a single request)."""
-
-
-class RequestError(RuntimeError):
-    """One request failed and the engine is fine (an HTTP error status, an error event):
-    counted as a failed request whatever its message says."""
 
 
 _FATAL = re.compile(
@@ -66,10 +59,6 @@ def is_fatal(exc: BaseException) -> bool:
         or "OutOfMemory" in type(exc).__name__
         or bool(_FATAL.search(str(exc)))
     )
-
-
-class EngineUnavailable(EngineError):
-    """The engine cannot run on this machine; the message says precisely why."""
 
 
 def installed_version(*distributions: str) -> str | None:

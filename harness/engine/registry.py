@@ -15,18 +15,11 @@ from pathlib import Path
 from typing import cast
 
 from harness.engine import Availability, EngineFactory
+from harness.exceptions import UnknownEngine
 
 GROUP = "harness.engines"
 
 _extra: dict[str, EngineFactory] = {}
-
-
-class UnknownEngine(LookupError):
-    def __init__(self, name: str, known: list[str]) -> None:
-        listing = ", ".join(known) if known else "(none registered: is the package installed?)"
-        super().__init__(f"unknown engine {name!r}; registered engines: {listing}")
-        self.name = name
-        self.known = known
 
 
 @dataclass(frozen=True)

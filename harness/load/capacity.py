@@ -21,7 +21,26 @@ import enum
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
+
+
+class LoadPoint(TypedDict, total=False):
+    """A point as records keep it (``Point.to_json``), read back by the reports. The
+    workload adds what it keeps of the point's metrics: here the keys the reports read
+    (compact latency summaries such as ``e2e`` under the metric's own name)."""
+
+    load: float
+    offered: float | None
+    valid: bool
+    reasons: list[str]
+    throughput: float
+    error_rate: float
+    latency_p99_s: float | None
+    slo_failures: list[str]
+    passes: bool
+    throughput_ci95: list[float | None] | None
+    failed: int
+    warnings: list[str]
 
 
 @dataclass(frozen=True)

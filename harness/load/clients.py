@@ -1,7 +1,7 @@
 """Load from several client processes sharing one schedule, for engines behind a server.
 
-One client process tops out at a few thousand streamed requests/s (README: "Performance
-of the harness itself"); past that the generator, not the server, sets the timing. Here
+One client process tops out at a few thousand streamed requests/s (docs/measurements.md,
+"Performance of the harness itself"); past that the generator, not the server, sets the timing. Here
 N clients split one seeded schedule: client i sends requests i, i+N, i+2N, ... of it, all
 counting from one common start instant. Their records come back, go onto the parent's
 time base and into schedule order, and are then summarized and judged like the records
@@ -370,10 +370,6 @@ def on_schedule(
 
 
 # --- errors a launcher reports ------------------------------------------------------
-
-
-class Cancelled(RuntimeError):
-    """The parent called the run off before the start (another client failed to load)."""
 
 
 def client_error(exc: Exception) -> str:

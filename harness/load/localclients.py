@@ -19,8 +19,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import ClassVar
 
+from harness.exceptions import Cancelled
 from harness.load.clients import (
-    Cancelled,
     ClientFailure,
     ClientResult,
     ClientSpec,

@@ -1,5 +1,6 @@
 """Latency statistics: nearest-rank percentiles, error-adjusted forms, sample minimums,
-and confidence intervals.
+and confidence intervals; and the significance of a change between two sample sets (a
+seeded bootstrap interval, a rank or t test, Holm's correction over many tests).
 
 Percentiles use the nearest-rank definition: the p-th percentile is the smallest
 sample x such that at least p% of samples are <= x (the ceil(p/100 * n)-th smallest). It never
@@ -17,9 +18,10 @@ cannot bound it. Rates get the exact Poisson (Garwood) interval of their count.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -208,3 +210,134 @@ def stage_breakdown(
         account[name]["within"] = parent
         account[name]["share_of_within"] = account[name]["mean_s"] / outer if outer else None
     return {"stages": stages, "time_account": account}
+
+
+# --- significance of a change between two sample sets ---------------------------------
+
+Array = npt.NDArray[np.float64]
+TestName = Literal["mann-whitney-u", "welch-t"]
+
+RESAMPLES = 2000
+MEAN_CHUNK = 4_000_000
+"""Indices drawn at once when resampling a mean: bounds memory whatever the sample count."""
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """The statistic a headline path names, computed from the samples under ``key``."""
+
+    key: str
+    percentile: float | None  # None: the mean
+
+    def of(self, values: Array) -> float:
+        if self.percentile is None:
+            return float(values.mean())
+        return nearest_rank(values, self.percentile)
+
+    def enough(self, values: Array) -> bool:
+        """Whether ``values`` bound the statistic: a tail percentile whose distribution-free
+        interval reaches past the largest sample is not resampled (a bootstrap cannot draw
+        beyond the largest sample, so it would understate the uncertainty)."""
+        if self.percentile is None:
+            return values.size >= 2
+        if values.size < min_samples_for(self.percentile):
+            return False
+        return None not in quantile_ci(np.sort(values), self.percentile)
+
+
+_STAT_PATH = re.compile(r"(?P<key>.+)\.(?:mean|p(?P<p>\d+(?:\.\d+)?))")
+
+
+def statistic(metric: str) -> Statistic | None:
+    """``e2e.p99`` -> the 99th percentile of samples["e2e"]; None for other paths."""
+    m = _STAT_PATH.fullmatch(metric)
+    if m is None:
+        return None
+    p = float(m["p"]) if m["p"] else None
+    if p is not None and not 0.0 < p < 100.0:
+        return None
+    return Statistic(m["key"], p)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    change: float
+    ci95: tuple[float, float]
+    p: float
+    test: TestName
+    n_base: int
+    n_new: int
+    agrees: bool
+    """Whether the test statistic moved the same way as the figure: a p99 that fell while
+    the whole distribution shifted up is not called on the strength of that shift."""
+
+
+def estimate(stat: Statistic, xs: Array, ys: Array, rng: np.random.Generator) -> Estimate | str:
+    """The change of ``stat`` from ``xs`` to ``ys`` (ys / xs - 1), its bootstrap interval
+    and a two-sided p-value; or why there is none."""
+    before = stat.of(xs)
+    if before <= 0.0:  # a recorded figure within rounding of zero
+        return "BASE value is not positive: no relative change"
+    change = stat.of(ys) / before - 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = resample(stat, ys, rng) / resample(stat, xs, rng) - 1.0
+    tail = (1.0 - CONFIDENCE) / 2.0
+    lo, hi = (float(v) for v in np.quantile(boot, [tail, 1.0 - tail]))
+    p, test, shift = shift_test(stat, xs, ys)
+    if not all(math.isfinite(v) for v in (change, lo, hi, p)):
+        return "undefined for these samples (zero values or no spread)"
+    agrees = np.sign(shift) == np.sign(change)
+    return Estimate(change, (lo, hi), p, test, int(xs.size), int(ys.size), bool(agrees))
+
+
+def resample(stat: Statistic, values: Array, rng: np.random.Generator) -> Array:
+    if stat.percentile is None:
+        return resample_mean(values, rng)
+    return resample_percentile(values, stat.percentile, rng)
+
+
+def resample_percentile(values: Array, p: float, rng: np.random.Generator) -> Array:
+    """The nearest-rank percentile of RESAMPLES bootstrap resamples of ``values``."""
+    ordered = np.sort(values)
+    n = ordered.size
+    # The rank nearest_rank picks, by its own definition: the percentile of ranks 1..n.
+    rank = round(nearest_rank(np.arange(1, n + 1), p))
+    # In a resample (n draws of indices into ``ordered``) the rank-th smallest value is
+    # ordered[j] for the rank-th smallest index drawn, and P(j <= i) is the chance that at
+    # least ``rank`` of the n draws land in 0..i: a binomial tail. Inverting that law
+    # draws j exactly, in O(n + resamples) instead of sorting every resample.
+    cdf = sps.binom.sf(rank - 1, n, np.arange(1, n + 1) / n)
+    j = np.searchsorted(cdf, rng.random(RESAMPLES), side="left")
+    return ordered[np.minimum(j, n - 1)]
+
+
+def resample_mean(values: Array, rng: np.random.Generator) -> Array:
+    n = values.size
+    per = max(1, MEAN_CHUNK // n)
+    parts = [
+        values[rng.integers(0, n, size=(min(per, RESAMPLES - done), n))].mean(axis=1)
+        for done in range(0, RESAMPLES, per)
+    ]
+    return np.concatenate(parts)
+
+
+def shift_test(stat: Statistic, xs: Array, ys: Array) -> tuple[float, TestName, float]:
+    """(two-sided p-value, test, which way ``ys`` moved: > 0 up, < 0 down)."""
+    if stat.percentile is None:
+        welch = sps.ttest_ind(ys, xs, equal_var=False)
+        return float(welch.pvalue), "welch-t", float(welch.statistic)
+    mwu = sps.mannwhitneyu(ys, xs, alternative="two-sided")
+    # U / (n_new * n_base) is P(a NEW sample > a BASE sample), ties counted half.
+    return float(mwu.pvalue), "mann-whitney-u", float(mwu.statistic) / (ys.size * xs.size) - 0.5
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values, in the order given."""
+    p = np.asarray(p_values, dtype=np.float64)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    # The i-th smallest of m is held to alpha / (m - i); monotone so ranks cannot swap.
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(scaled)
+    return [float(v) for v in adjusted]

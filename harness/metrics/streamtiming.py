@@ -1,4 +1,4 @@
-"""Per-request timing of streamed generation and the metrics DESIGN.md defines for it.
+"""Per-request timing of streamed generation and the metrics docs/methodology.md defines for it.
 
 A request is stamped at the client: ``t_sched`` (when it was due), ``t_send`` (when the
 generator actually sent it) and the arrival time of every chunk with the number of
@@ -50,7 +50,7 @@ class RequestRecord:
 
     @property
     def n_out(self) -> int:
-        """Server-reported count when offered (DESIGN: engine counts first), else counted."""
+        """Server-reported count when offered (engine counts first), else counted."""
         return self.n_out_reported if self.n_out_reported is not None else self.n_counted
 
     @property

@@ -21,17 +21,9 @@ from typing import Any
 import jinja2
 
 from harness.engine import installed_version
+from harness.exceptions import WriteError
 from harness.report import plots, runset
-from harness.report.matrix import (
-    Entry,
-    Matrix,
-    WriteError,
-    entry_text,
-    publish,
-    to_csv,
-    to_markdown,
-    writing,
-)
+from harness.report.matrix import Entry, Matrix, entry_text, publish, to_csv, to_markdown, writing
 from harness.results.reading import Damaged, RunContents, vet
 from harness.results.records import CellRecord, Status, format_param
 
@@ -61,6 +53,8 @@ def drill_down(record: CellRecord, run_environment: dict[str, Any] | None = None
     """The record as indented JSON, raw samples and telemetry series summarized, and
     the environment left out where it is the run's (shown once, in the runs table)."""
     data: dict[str, Any] = json.loads(record.model_dump_json())
+    if record.report_spec is None:  # an older record: it declared nothing
+        del data["report_spec"]
     if run_environment and record.environment == run_environment:
         data["environment"] = "the run's fingerprint (see Runs)"
     data["samples"] = {

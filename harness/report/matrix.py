@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.exceptions import WriteError
 from harness.results.reading import Damaged, RunContents, read_run_dir, vet
 from harness.results.records import CellRecord, Manifest, ParamValue, Status, format_param
-from harness.results.store import StorageError, replace
+from harness.results.store import replace
 
 
 @dataclass(frozen=True)
@@ -267,14 +268,6 @@ def _csv_entry(entry: Entry | None, labels: list[str]) -> list[str]:
 
 def _csv_number(value: float | None) -> str:
     return "" if value is None else repr(round(value, 9))
-
-
-class WriteError(StorageError):
-    """A report file could not be written; the message names it and the OS's reason.
-    A StorageError, so that a run's end-of-run report fails the way its records do."""
-
-    def __str__(self) -> str:
-        return self.strerror or super().__str__()  # without OSError's "[Errno N]" prefix
 
 
 def publish(path: Path, data: bytes) -> None:

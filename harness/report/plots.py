@@ -4,6 +4,10 @@ Each plot is a pure function of the records, rendered by matplotlib (Agg) to SVG
 HTML page and to SVG and PNG files for documents. Rendering is made deterministic (no
 dates or software versions in the files, fixed SVG ids), so the same records give the
 same bytes. Only ok cells are drawn: a cell that is not ok has no numbers to show.
+
+Which plots a cell appears in is what its workload declared (``ReportSpec.plots``,
+harness.results.reportspec): this module knows how to draw each kind, not which
+workload wants which.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import matplotlib as mpl
 
@@ -22,9 +26,22 @@ mpl.use("Agg")
 from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 
-from harness.metrics.streamtiming import parse_slos
+from harness.load.capacity import LoadPoint
+from harness.metrics.streamtiming import SLO, parse_slos
 from harness.report.runset import RunSet
 from harness.results.records import CellRecord, Status, format_param
+from harness.results.reportspec import (
+    CdfPlot,
+    HistogramPlot,
+    LoadCurvePlot,
+    LoadSearch,
+    PlotSpec,
+    PolicyCurvePlot,
+    ReportSpec,
+    StagesPlot,
+)
+
+P = TypeVar("P", bound=PlotSpec)
 
 CDF_POINTS = 400
 """Quantiles drawn per CDF: enough for a smooth curve, few enough for a small page."""
@@ -46,10 +63,15 @@ class Plot:
 
 @dataclass(frozen=True)
 class Cell:
-    """An ok record and the matrix column it belongs to."""
+    """An ok record, the matrix column it belongs to, and its workload's declaration."""
 
     column: str
     record: CellRecord
+    spec: ReportSpec
+
+    def declared(self, kind: type[P]) -> list[P]:
+        """The plots of ``kind`` the workload declared."""
+        return [p for p in self.spec.plots if isinstance(p, kind)]
 
     @property
     def label(self) -> str:
@@ -62,7 +84,7 @@ def ok_cells(runs: RunSet) -> list[Cell]:
     for run in runs.runs:
         for rec in run.records:
             if rec.status is Status.OK:
-                out.append(Cell(runs.column(run, rec.engine), rec))
+                out.append(Cell(runs.column(run, rec.engine), rec, rec.reporting()))
     return sorted(out, key=lambda c: (c.record.workload, c.column, c.record.cell_id))
 
 
@@ -115,37 +137,43 @@ def _legend(ax: Any) -> None:
 # -- latency vs throughput ---------------------------------------------------------------
 
 
-def _points(rec: CellRecord) -> list[dict[str, Any]]:
-    for path in ("sweep.points", "search.points"):
-        pts = rec.metric(path)
-        if isinstance(pts, list) and pts:
-            return [p for p in pts if isinstance(p, dict)]
+def _search(cell: Cell) -> LoadSearch | None:
+    """The load search whose curve the workload asked for."""
+    return cell.spec.search if cell.declared(LoadCurvePlot) else None
+
+
+def _points(cell: Cell) -> list[LoadPoint]:
+    search = _search(cell)
+    pts = cell.record.metric(search.points) if search is not None else None
+    if isinstance(pts, list) and pts:
+        return [cast(LoadPoint, p) for p in pts if isinstance(p, dict)]
     return []
 
 
-def _slo_lines(rec: CellRecord) -> list[float]:
-    objective = rec.metric("objective")
+def _slo_lines(cell: Cell) -> list[float]:
+    search = _search(cell)
+    objective = cell.record.metric(search.objective) if search and search.objective else None
     if not isinstance(objective, str):
         return []
     return [s.threshold_s for s in parse_slos(objective) if s.metric == "e2e"]
 
 
-def _knee(rec: CellRecord) -> float | None:
-    for path in ("knee.load", "capacity.load"):
-        value = rec.metric(path)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+def _knee(cell: Cell) -> float | None:
+    search = _search(cell)
+    value = cell.record.metric(f"{search.settled}.load") if search is not None else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
     return None
 
 
 def _curve(ax: Any, cell: Cell) -> None:
-    pts = sorted(_points(cell.record), key=lambda p: float(p.get("load", 0.0)))
+    pts = sorted(_points(cell), key=lambda p: float(p.get("load", 0.0)))
     xs = [float(p["throughput"]) for p in pts]
-    ys = [float(p["latency_p99_s"]) * 1e3 for p in pts if p.get("latency_p99_s") is not None]
+    ys = [float(v) * 1e3 for p in pts if (v := p.get("latency_p99_s")) is not None]
     if len(ys) != len(xs):
         return
     (line,) = ax.plot(xs, ys, marker="o", ms=3, label=cell.label)
-    knee = _knee(cell.record)
+    knee = _knee(cell)
     at = [i for i, p in enumerate(pts) if knee is not None and math.isclose(p["load"], knee)]
     if at:
         ax.plot([xs[at[0]]], [ys[at[0]]], marker="*", ms=14, color=line.get_color(), ls="")
@@ -155,7 +183,7 @@ def _curve(ax: Any, cell: Cell) -> None:
 def latency_throughput(cells: Sequence[Cell]) -> list[Plot]:
     """p99 latency against achieved throughput along each load sweep; the knee starred
     and the SLO as a dashed line."""
-    swept = [c for c in cells if _points(c.record)]
+    swept = [c for c in cells if _points(c)]
     plots = []
     for workload, group in _by_workload(swept):
 
@@ -163,7 +191,7 @@ def latency_throughput(cells: Sequence[Cell]) -> list[Plot]:
             ax = fig.add_subplot()
             for cell in group:
                 _curve(ax, cell)
-            for threshold in sorted({t for c in group for t in _slo_lines(c.record)}):
+            for threshold in sorted({t for c in group for t in _slo_lines(c)}):
                 ax.axhline(threshold * 1e3, ls="--", color="crimson", lw=1)
                 ax.annotate(
                     f"SLO e2e p99 {threshold * 1e3:g} ms",
@@ -185,18 +213,21 @@ def latency_throughput(cells: Sequence[Cell]) -> list[Plot]:
                 draw,
             )
         )
-    plots += _batching_curves(cells)
+    for workload, group in _by_workload(c for c in cells if c.declared(PolicyCurvePlot)):
+        plots += _policy_curves(workload, group)
     return plots
 
 
-def _batching_curves(cells: Sequence[Cell]) -> list[Plot]:
+def _policy_curves(workload: str, cells: Sequence[Cell]) -> list[Plot]:
+    """One line per configuration (the parameters but ``over``), a point per ``over``."""
+    decl = cells[0].declared(PolicyCurvePlot)[0]
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for cell in cells:
         rec = cell.record
-        tput, p99 = rec.metric("throughput.requests_per_s"), rec.metric("e2e.p99")
-        if rec.workload != "batching" or tput is None or p99 is None:
+        tput, p99 = rec.metric(decl.throughput), rec.metric(decl.latency)
+        if tput is None or p99 is None:
             continue
-        policy = {k: v for k, v in rec.params.items() if k != "rate"}
+        policy = {k: v for k, v in rec.params.items() if k != decl.over}
         key = f"{cell.column} " + ", ".join(f"{k}={format_param(v)}" for k, v in policy.items())
         series[key].append((float(tput), float(p99) * 1e3))
     if not series:
@@ -210,13 +241,12 @@ def _batching_curves(cells: Sequence[Cell]) -> list[Plot]:
         ax.set(xlabel="achieved throughput (req/s)", ylabel="e2e p99 (ms)", yscale="log")
         _legend(ax)
 
-    caption = "One line per batching policy; each point one offered rate of the batching grid."
     return [
         _plot(
-            "latency-throughput-batching",
+            f"latency-throughput-{_slug(workload)}",
             "Latency vs throughput",
-            "batching: p99 latency vs throughput per policy",
-            caption,
+            f"{workload}: p99 latency vs throughput per {decl.per}",
+            decl.caption,
             draw,
         )
     ]
@@ -277,67 +307,72 @@ def _quantiles(samples: Sequence[float], probs: Sequence[float]) -> list[float]:
 # -- batch sizes, stages, telemetry ------------------------------------------------------
 
 
-def batch_sizes(cells: Sequence[Cell]) -> list[Plot]:
-    """How full the batches were: the batch-size histogram of each batching cell."""
-    hist = [c for c in cells if c.record.histograms.get("batch_size")]
+def _shared(cells: Sequence[Cell], kind: type[HistogramPlot] | type[StagesPlot]) -> list[Any]:
+    """(declaration, its cells) per plot ``name`` of ``kind``, in order of appearance."""
+    groups: dict[str, tuple[Any, list[Cell]]] = {}
+    for cell in cells:
+        for decl in cell.declared(kind):
+            groups.setdefault(decl.name, (decl, []))[1].append(cell)
+    return list(groups.values())
+
+
+def histograms(cells: Sequence[Cell]) -> list[Plot]:
+    """Shares of each value of a declared histogram (how full the batches were), a bar
+    per cell, the cells of every workload declaring the same plot together."""
     plots = []
-    for part, chunk in enumerate(_chunks(hist), start=1):
+    for decl, group in _shared(cells, HistogramPlot):
+        plots += _histogram(decl, [c for c in group if c.record.histograms.get(decl.histogram)])
+    return plots
+
+
+def _histogram(decl: HistogramPlot, cells: list[Cell]) -> list[Plot]:
+    plots = []
+    for part, chunk in enumerate(_chunks(cells), start=1):
 
         def draw(fig: Figure, chunk: list[Cell] = chunk) -> None:
             ax = fig.add_subplot()
             width = 0.8 / len(chunk)
             for i, cell in enumerate(chunk):
-                counts = cell.record.histograms["batch_size"]
+                counts = cell.record.histograms[decl.histogram]
                 total = sum(counts.values()) or 1
                 xs = [int(k) + (i - (len(chunk) - 1) / 2) * width for k in counts]
                 ax.bar(xs, [v / total for v in counts.values()], width, label=cell.label)
-            ax.set(xlabel="batch size", ylabel="share of batches")
+            ax.set(xlabel=decl.xlabel, ylabel=decl.ylabel)
             _legend(ax)
 
-        plots.append(
-            _plot(
-                f"batch-sizes-{part}",
-                "Batch sizes",
-                "batch-size histograms",
-                "Share of dispatched batches of each size: a static batch waits to fill, "
-                "a dynamic one closes early at low load.",
-                draw,
-            )
-        )
+        plots.append(_plot(f"{decl.name}-{part}", decl.section, decl.title, decl.caption, draw))
     return plots
 
 
-def preprocessing_stages(cells: Sequence[Cell]) -> list[Plot]:
-    """Stacked per-image time of each preprocessing stage, per backend configuration."""
-    staged = [c for c in cells if isinstance(c.record.metric("stage_times"), dict)]
-    if not staged:
-        return []
+def stages(cells: Sequence[Cell]) -> list[Plot]:
+    """Stacked time of each stage a declared stage breakdown holds, per configuration."""
+    plots = []
+    for decl, group in _shared(cells, StagesPlot):
+        staged = [c for c in group if isinstance(c.record.metric(decl.metric), dict)]
+        if staged:
+            plots.append(_stages(decl, staged))
+    return plots
 
+
+def _stages(decl: StagesPlot, staged: list[Cell]) -> Plot:
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
-        stages = list(dict.fromkeys(s for c in staged for s in c.record.metric("stage_times")))
+        names = list(dict.fromkeys(s for c in staged for s in c.record.metric(decl.metric)))
         labels = [c.label for c in staged]
         bottom = [0.0] * len(staged)
-        for stage in stages:
+        for stage in names:
             heights = [
-                float(c.record.metric(f"stage_times.{stage}.per_image_s") or 0.0) * 1e3
+                float(c.record.metric(f"{decl.metric}.{stage}.{decl.per}") or 0.0) * decl.scale
                 for c in staged
             ]
             ax.barh(labels, heights, left=bottom, label=stage)
             bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-        ax.set(xlabel="ms per image")
+        ax.set(xlabel=decl.xlabel)
         ax.invert_yaxis()
         ax.tick_params(axis="y", labelsize=6)
         _legend(ax)
 
-    plot = _plot(
-        "preprocessing-stages",
-        "Preprocessing stages",
-        "preprocessing: where the time goes, per image",
-        "Decode, resize and normalize measured stage by stage over the corpus.",
-        draw,
-    )
-    return [plot]
+    return _plot(decl.name, decl.section, decl.title, decl.caption, draw)
 
 
 def telemetry(cells: Sequence[Cell]) -> list[Plot]:
@@ -389,13 +424,26 @@ def telemetry(cells: Sequence[Cell]) -> list[Plot]:
     return plots
 
 
+def declared_cdfs(cells: Sequence[Cell]) -> list[Plot]:
+    """The CDFs the workloads declared, per sample set: the SLO metrics in their order
+    (TTFT before E2E), then any other in name order."""
+    groups: dict[str, list[Cell]] = defaultdict(list)
+    what: dict[str, str] = {}
+    for cell in cells:
+        for decl in cell.declared(CdfPlot):
+            groups[decl.samples].append(cell)
+            what.setdefault(decl.samples, decl.what)
+    order = SLO.METRICS
+    keys = sorted(groups, key=lambda k: (order.index(k) if k in order else len(order), k))
+    return [plot for key in keys for plot in cdfs(groups[key], key, what[key])]
+
+
 def all_plots(runs: RunSet) -> list[Plot]:
     cells = ok_cells(runs)
     return [
         *latency_throughput(cells),
-        *cdfs(cells, "ttft", "TTFT"),
-        *cdfs(cells, "e2e", "E2E latency"),
-        *batch_sizes(cells),
-        *preprocessing_stages(cells),
+        *declared_cdfs(cells),
+        *histograms(cells),
+        *stages(cells),
         *telemetry(cells),
     ]

@@ -20,12 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.exceptions import RunLocked
+
 LOCK_FILE = ".owner"
 RETRY_S = 2.0  # a reader's probe holds the lock for microseconds; never wait for a writer
-
-
-class RunLocked(RuntimeError):
-    """Another live process is writing this run directory."""
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
+from harness.exceptions import RecordError
 from harness.results import lock
-from harness.results.records import CellRecord, Manifest, RecordError
+from harness.results.records import CellRecord, Manifest
 from harness.results.store import CELLS, cell_path, read_cell_file, read_manifest
 
 SKIP_HINT = "--skip-damaged reports the rest and lists what it leaves out"

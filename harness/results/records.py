@@ -14,9 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from harness.exceptions import NewerSchemaError, RecordError
+from harness.results import legacyspec
+from harness.results.model import Frozen
 from harness.results.redact import redact
+from harness.results.reportspec import ReportSpec
 
 SCHEMA_VERSION = 6
 
@@ -43,18 +47,6 @@ class Status(enum.StrEnum):
     SKIPPED = "skipped"
 
 
-class RecordError(ValueError):
-    """A results file that cannot be trusted; the message names the file."""
-
-
-class NewerSchemaError(RecordError):
-    pass
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
-
-
 def check_id(value: str) -> str:
     """Run and cell ids become file names: keep them inside the results directory."""
     if not ID_PATTERN.fullmatch(value):
@@ -62,7 +54,7 @@ def check_id(value: str) -> str:
     return value
 
 
-class Headline(_Frozen):
+class Headline(Frozen):
     """One figure the matrix shows for a cell: ``metric`` is a dotted path into metrics."""
 
     label: str
@@ -73,13 +65,13 @@ class Headline(_Frozen):
     """Dotted path to the figure's 95% confidence interval, a ``[low, high]`` pair."""
 
 
-class ValidityInfo(_Frozen):
+class ValidityInfo(Frozen):
     verdict: Literal["valid", "invalid"]
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
 
-class CellRecord(_Frozen):
+class CellRecord(Frozen):
     schema_version: int = SCHEMA_VERSION
     run_id: str
     cell_id: str
@@ -91,20 +83,20 @@ class CellRecord(_Frozen):
     started_at: str
     finished_at: str
     duration_s: float
-    engine_info: dict[str, Any] = {}
-    environment: dict[str, Any] = {}
-    seeds: dict[str, int] = {}
-    window: dict[str, float | int] = {}
-    metrics: dict[str, Any] = {}
-    samples: dict[str, list[float]] = {}
-    histograms: dict[str, dict[str, int]] = {}
+    engine_info: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, Any] = Field(default_factory=dict)
+    seeds: dict[str, int] = Field(default_factory=dict)
+    window: dict[str, float | int] = Field(default_factory=dict)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    samples: dict[str, list[float]] = Field(default_factory=dict)
+    histograms: dict[str, dict[str, int]] = Field(default_factory=dict)
     headline: tuple[Headline, ...] = ()
     validity: ValidityInfo | None = None
     attempt: int = 1
     """1 for the run's first try at the cell; each ``--resume`` that reruns it adds one."""
     stderr_tail: tuple[str, ...] = ()
     """The last lines the engine's process wrote (crashed and timed-out cells), redacted."""
-    telemetry: dict[str, Any] = {}
+    telemetry: dict[str, Any] = Field(default_factory=dict)
     """Resource use sampled during the cell (harness.metrics.telemetry): series and summary."""
     slow_requests: tuple[dict[str, Any], ...] = ()
     """Requests slower than twice the cell's p99 or over an SLO, with their stage spans,
@@ -112,6 +104,9 @@ class CellRecord(_Frozen):
     single_stream: str | None = None
     """The ``samples`` key holding one latency per request of a cell that kept one request
     in flight at a time (None: not such a cell). Those samples feed pytest-benchmark."""
+    report_spec: ReportSpec | None = None
+    """What the workload declared for the reports (harness.results.reportspec); None in
+    records written before workloads declared it: ``reporting()`` infers it then."""
 
     _ids = field_validator("run_id", "cell_id")(check_id)
 
@@ -152,6 +147,11 @@ class CellRecord(_Frozen):
             node = node[part]
         return node
 
+    def reporting(self) -> ReportSpec:
+        """What the reports need to know about this cell's workload: the declared spec,
+        or for a record without one what the reports always assumed."""
+        return self.report_spec or legacyspec.inferred(self.workload, self.metric)
+
 
 _NONFINITE = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
 
@@ -167,32 +167,39 @@ def _revive(value: Any) -> Any:
     return value
 
 
-class PlannedCell(_Frozen):
+class PlannedCell(Frozen):
     cell_id: str
     workload: str
     engine: str
     params: dict[str, ParamValue]
     nodeid: str
+    report_spec: ReportSpec | None = None
+    """The workload's declaration (harness.results.reportspec), for a cell that never
+    writes a record."""
 
     _ids = field_validator("cell_id")(check_id)
 
+    def reporting(self) -> ReportSpec:
+        """As ``CellRecord.reporting``, for the question the cell poses (no metrics)."""
+        return self.report_spec or legacyspec.inferred(self.workload)
 
-class Manifest(_Frozen):
+
+class Manifest(Frozen):
     schema_version: int = SCHEMA_VERSION
     run_id: str
     state: Literal["running", "complete", "incomplete"]
     created_at: str
     finished_at: str | None = None
     command: tuple[str, ...] = ()
-    settings: dict[str, Any] = {}
-    environment: dict[str, Any] = {}
+    settings: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, Any] = Field(default_factory=dict)
     planned: tuple[PlannedCell, ...] = ()
-    statuses: dict[str, Status] = {}
+    statuses: dict[str, Status] = Field(default_factory=dict)
     attempt: int = 1
     """How many sessions have worked on this run: 1, plus one per ``--resume``."""
     incidents: tuple[str, ...] = ()
     """Failures outside any cell (an engine crashing while it closed, a full disk)."""
-    provenance: dict[str, Any] = {}
+    provenance: dict[str, Any] = Field(default_factory=dict)
     """What the run measured beyond its options (harness.results.provenance): the content of the
     user's model and images, engine packages, hardware, code; ``--resume`` checks it."""
 

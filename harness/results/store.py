@@ -23,20 +23,13 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from harness.results.records import CellRecord, M, Manifest, RecordError, check_id, dump, read
+from harness.exceptions import RecordError, RecordExists, StorageError
+from harness.results.records import CellRecord, M, Manifest, check_id, dump, read
 
 MANIFEST = "manifest.json"
 CELLS = "cells"
 LOGS = "logs"
 ATTEMPT_SEP = "~"  # not an id character, so ``<cell-id>~N`` parses one way only
-
-
-class RecordExists(FileExistsError):
-    pass
-
-
-class StorageError(OSError):
-    """The results directory cannot take a write (full disk, quota, read-only)."""
 
 
 def _storage_error(exc: OSError, path: Path) -> StorageError:

@@ -42,8 +42,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.engine import installed_version
+from harness.exceptions import RecordError
 from harness.results import store
-from harness.results.records import CellRecord, RecordError, Status, read
+from harness.results.records import CellRecord, Status, read
 from harness.session.state import RunState, is_cell
 
 PLUGIN = "benchmark"  # pytest-benchmark's pytest11 entry point

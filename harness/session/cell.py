@@ -2,6 +2,9 @@
 
 Workloads call ``Cell.finish`` once with their metrics and validity evidence; the
 plugin turns the cell into a record whatever happened (ok, invalid, failed, skipped).
+What the workload declared for the reports (``@pytest.mark.report_spec``, a
+harness.results.reportspec.ReportSpec) goes into every record of the cell, and
+``finish`` refuses a headline or declared path that its metrics do not have.
 """
 
 from __future__ import annotations
@@ -23,14 +26,32 @@ from harness.results.records import (
     ValidityInfo,
     format_param,
 )
+from harness.results.reportspec import ReportSpec, check_path
 from harness.results.store import utcnow
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]+")
+
+REPORT_SPEC_MARK = "report_spec"
+"""``@pytest.mark.report_spec(ReportSpec(...))`` on a workload's test function."""
 
 
 def make_cell_id(workload: str, engine: str, params: Mapping[str, ParamValue]) -> str:
     parts = [workload, engine, *(f"{k}={format_param(v, none='none')}" for k, v in params.items())]
     return _UNSAFE.sub("-", ".".join(parts)).strip(".-")
+
+
+def check_declared(
+    metrics: Mapping[str, Any], headline: Sequence[Headline], spec: ReportSpec | None
+) -> None:
+    """Every metrics path the cell's headline and declaration name resolves in
+    ``metrics``; else ValueError naming the path and the keys there are (a typo would
+    otherwise be an empty matrix entry, or a cell ``recommend`` cannot rank)."""
+    for h in headline:
+        check_path(metrics, h.metric, f"headline {h.label!r}")
+        if h.ci is not None:
+            check_path(metrics, h.ci, f"headline {h.label!r} (its ci)")
+    for what, path in spec.paths() if spec is not None else ():
+        check_path(metrics, path, f"report_spec {what}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,8 @@ class Cell:
     attempt: int = 1
     telemetry: dict[str, Any] = field(default_factory=dict)
     sampler: Telemetry | None = None
+    report_spec: ReportSpec | None = None
+    """What the workload declared for the reports; None: it declared nothing."""
 
     def finish(
         self,
@@ -85,6 +108,7 @@ class Cell:
             raise RuntimeError(f"cell {self.cell_id} already finished")
         if single_stream is not None and single_stream not in (samples or {}):
             raise ValueError(f"single_stream={single_stream!r} names no samples of this cell")
+        check_declared(metrics, headline, self.report_spec)
         validity = judge(evidence, self.policy)
         if slow is not None:
             metrics = metrics | {
@@ -150,6 +174,7 @@ class Cell:
             telemetry=self.telemetry,
             slow_requests=self._slow() if keep else (),
             single_stream=res.single_stream if res and keep else None,
+            report_spec=self.report_spec,
         )
 
     def _slow(self) -> tuple[dict[str, Any], ...]:

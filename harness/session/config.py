@@ -17,13 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.engine import registry
+from harness.exceptions import UnknownEngine, UsageError
 from harness.load.clients import is_network_client
 from harness.metrics.streamtiming import SLO, parse_slos
 from harness.metrics.validity import Policy
-
-
-class UsageError(ValueError):
-    """A bad option value; the plugin turns it into ``pytest.UsageError``."""
 
 
 class ProfileName(enum.StrEnum):
@@ -247,7 +244,7 @@ def _engines(values: Sequence[str] | None) -> tuple[str, ...]:
     known = registry.names()
     for name in names:
         if name not in known:
-            raise UsageError(str(registry.UnknownEngine(name, known)))
+            raise UsageError(str(UnknownEngine(name, known)))
     return names
 
 

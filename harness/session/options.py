@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from harness.exceptions import UsageError
 from harness.results import redact
 from harness.session.config import (
     ProfileName,
     RunSettings,
-    UsageError,
     parse_dist,
     parse_reliability,
     parse_settings,

@@ -15,20 +15,15 @@ from typing import Any
 
 import pytest
 
+from harness.exceptions import RecordError, RecordExists, RunLocked, StorageError, UsageError
 from harness.results import provenance, reading, store
 from harness.results.environment import fingerprint
-from harness.results.lock import RunLock, RunLocked, acquire
-from harness.results.records import (
-    CellRecord,
-    Manifest,
-    ParamValue,
-    PlannedCell,
-    RecordError,
-    Status,
-)
+from harness.results.lock import RunLock, acquire
+from harness.results.records import CellRecord, Manifest, ParamValue, PlannedCell, Status
 from harness.results.redact import redact_text
-from harness.session.cell import Cell, make_cell_id
-from harness.session.config import Dist, RunSettings, UsageError
+from harness.results.reportspec import ReportSpec
+from harness.session.cell import REPORT_SPEC_MARK, Cell, make_cell_id
+from harness.session.config import Dist, RunSettings
 from harness.session.worker import EventSink
 
 ENGINE_ARG = "engine_name"
@@ -66,7 +61,21 @@ def planned_cell(item: pytest.Function) -> PlannedCell:
         engine=engine,
         params=params,
         nodeid=item.nodeid,
+        report_spec=_report_spec(item),
     )
+
+
+def _report_spec(item: pytest.Function) -> ReportSpec | None:
+    """What the workload declared with ``@pytest.mark.report_spec(ReportSpec(...))``."""
+    marker = item.get_closest_marker(REPORT_SPEC_MARK)
+    if marker is None:
+        return None
+    if len(marker.args) != 1 or marker.kwargs or not isinstance(marker.args[0], ReportSpec):
+        raise pytest.UsageError(
+            f"{item.nodeid}: @pytest.mark.{REPORT_SPEC_MARK} takes one ReportSpec"
+            f" (harness.results.reportspec), got {marker.args!r} {marker.kwargs!r}"
+        )
+    return marker.args[0]
 
 
 @dataclass
@@ -97,6 +106,7 @@ class RunState:
             policy=self.settings.profile.policy,
             environment=fingerprint(),
             attempt=self.attempt,
+            report_spec=planned.report_spec,
         )
 
     def write(
@@ -105,7 +115,7 @@ class RunState:
         record = cell.record(status, reasons, **extra)
         try:
             store.write_record(self.run_dir, record)
-        except store.StorageError as exc:
+        except StorageError as exc:
             self.fatal(
                 f"{exc}. Finished records are kept; free space, then finish the run"
                 f" with --resume {self.run_dir}"
@@ -120,10 +130,10 @@ class RunState:
         """A record measured elsewhere (a Ray node, harness.dist.raydist) joins this run."""
         try:
             store.write_record(self.run_dir, record)
-        except store.RecordExists:
+        except RecordExists:
             self.incident(f"{record.cell_id}: a record of this attempt exists; kept it")
             return
-        except store.StorageError as exc:
+        except StorageError as exc:
             self.fatal(f"{exc}. Finished records are kept; finish the run with --resume")
             return
         self.note(record.cell_id, record.status)
@@ -138,7 +148,7 @@ class RunState:
         cell = self.new_cell(self.planned[item.nodeid])
         try:
             self.write(cell, status, reasons, stderr_tail=tail)
-        except store.RecordExists:
+        except RecordExists:
             return False
         return True
 

@@ -124,7 +124,7 @@ def test_tensor(cell, open_engine, harness_settings, fault, tmp_path_factory):
     cell.finish(
         metrics={{
             "e2e": stats.to_json(stats.summarize(e2e, failed)),
-            "errors": errors.tally(trace.errors),
+            "errors": failures.tally(trace.errors),
         }},
         evidence=Evidence(samples=int(ok.sum()), failed=failed, window_s=trace.window),
         headline=HEADLINE,

@@ -1,0 +1,169 @@
+"""What a workload imports: the one documented entry point to the harness.
+
+A workload (a pytest test in ``workloads/``) asks the ``cell`` fixture for its identity
+and parameters, opens its engine through ``open_engine``, drives load, summarizes what it
+measured and hands the metrics to ``Cell.finish``. Everything it needs for that is here;
+the modules behind these names are the harness's own business and may move.
+
+* the engine contract: ``TensorEngine``, ``GenerativeEngine``, ``TensorSpec``,
+  ``GenerationRequest``, ``EngineConfig``, ``EngineError``, ``Family``, ``registry``;
+* the session: ``Cell``, ``RunSettings``, ``settings_of``, ``OpenEngine``, ``cache_root``;
+* load: clocks, arrival schedules, the serving loop and batching policies, the streaming
+  driver, capacity search and sweeps, client processes (local and on Ray);
+* summaries and statistics: ``summarize_trace``, ``summarize_stream``, ``stats``,
+  ``SLO`` / ``parse_slos``, ``Evidence`` / ``judge``, ``SlowLog``, ``Telemetry``;
+* what a cell reports: ``Headline``, and what the reports need to know of the workload:
+  ``ReportSpec`` (declared with ``@pytest.mark.report_spec(ReportSpec(...))``) with its
+  parts ``Rate``, ``Paired``, ``LoadSearch`` and the plot kinds (``CdfPlot``,
+  ``HistogramPlot``, ``StagesPlot``, ``PolicyCurvePlot``, ``LoadCurvePlot``).
+"""
+
+from __future__ import annotations
+
+from harness.dist.rayclients import RayActors
+from harness.engine import (
+    EngineConfig,
+    EngineError,
+    ExposesCounters,
+    Family,
+    GenerationRequest,
+    GenerativeEngine,
+    TensorEngine,
+    TensorSpec,
+    counter_delta,
+    device_spans,
+    registry,
+)
+from harness.load.arrivals import Arrivals, OpenLoop, RateShape, Schedule, ShapedLoad
+from harness.load.capacity import (
+    CapacityResult,
+    KneeRule,
+    Point,
+    SearchPolicy,
+    Stop,
+    SweepResult,
+    capacity_search,
+    sweep,
+)
+from harness.load.clients import (
+    ClosedShare,
+    Deadlines,
+    Launcher,
+    OpenShare,
+    Share,
+    SharedLoad,
+    run_shared,
+)
+from harness.load.clock import Clock, MonotonicClock, gc_paused
+from harness.load.localclients import LocalProcesses
+from harness.load.serve_summary import e2e_slos, summarize_trace
+from harness.load.serving import (
+    BatchPolicy,
+    DynamicBatching,
+    NoBatching,
+    StaticBatching,
+    serve_open_loop,
+)
+from harness.load.stream_summary import summarize_stream
+from harness.load.streamdriver import Driver
+from harness.metrics import stats
+from harness.metrics.slowlog import SlowLog
+from harness.metrics.streamtiming import SLO, RequestRecord, parse_slos
+from harness.metrics.telemetry import Telemetry
+from harness.metrics.validity import Evidence, Verdict, judge
+from harness.plugin import OpenEngine, settings_of
+from harness.results.records import Headline
+from harness.results.reportspec import (
+    CdfPlot,
+    HistogramPlot,
+    LoadCurvePlot,
+    LoadSearch,
+    Paired,
+    PolicyCurvePlot,
+    Rate,
+    ReportSpec,
+    StagesPlot,
+)
+from harness.session.cell import Cell
+from harness.session.config import (
+    IMAGE_SUFFIXES,
+    ClientsOn,
+    ProfileName,
+    RunSettings,
+    cache_root,
+)
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "SLO",
+    "Arrivals",
+    "BatchPolicy",
+    "CapacityResult",
+    "CdfPlot",
+    "Cell",
+    "ClientsOn",
+    "Clock",
+    "ClosedShare",
+    "Deadlines",
+    "Driver",
+    "DynamicBatching",
+    "EngineConfig",
+    "EngineError",
+    "Evidence",
+    "ExposesCounters",
+    "Family",
+    "GenerationRequest",
+    "GenerativeEngine",
+    "Headline",
+    "HistogramPlot",
+    "KneeRule",
+    "Launcher",
+    "LoadCurvePlot",
+    "LoadSearch",
+    "LocalProcesses",
+    "MonotonicClock",
+    "NoBatching",
+    "OpenEngine",
+    "OpenLoop",
+    "OpenShare",
+    "Paired",
+    "Point",
+    "PolicyCurvePlot",
+    "ProfileName",
+    "Rate",
+    "RateShape",
+    "RayActors",
+    "ReportSpec",
+    "RequestRecord",
+    "RunSettings",
+    "Schedule",
+    "SearchPolicy",
+    "ShapedLoad",
+    "Share",
+    "SharedLoad",
+    "SlowLog",
+    "StagesPlot",
+    "StaticBatching",
+    "Stop",
+    "SweepResult",
+    "Telemetry",
+    "TensorEngine",
+    "TensorSpec",
+    "Verdict",
+    "cache_root",
+    "capacity_search",
+    "counter_delta",
+    "device_spans",
+    "e2e_slos",
+    "gc_paused",
+    "judge",
+    "parse_slos",
+    "registry",
+    "run_shared",
+    "serve_open_loop",
+    "settings_of",
+    "stats",
+    "summarize_stream",
+    "summarize_trace",
+    "sweep",
+]

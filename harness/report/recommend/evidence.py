@@ -1,0 +1,423 @@
+"""Evidence from the records: the runs' planned cells read, and each recorded cell judged
+against the SLO as one or more candidates (its best load point, both paths of a cell
+measured side by side) or left out with its status and why."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from harness.exceptions import RecordError
+from harness.load.capacity import KneeRule, LoadPoint
+from harness.metrics.stats import min_samples_for, percentile_key, rate_ci
+from harness.metrics.streamtiming import SLO
+from harness.report.matrix import fmt_number
+from harness.report.recommend.model import (
+    Candidate,
+    Check,
+    Method,
+    NotConsidered,
+    Params,
+    RecommendError,
+)
+from harness.results import reading
+from harness.results.environment import hardware
+from harness.results.reading import RunContents
+from harness.results.records import CellRecord, Status, format_param
+from harness.results.reportspec import Rate, ReportSpec
+
+# Below this share of the offered rate a point is saturated (the knee rule's own bound).
+MIN_ACHIEVED = KneeRule().min_achieved
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class RunCell:
+    """A planned (or recorded) cell of one run, with the machine it ran on."""
+
+    run_id: str
+    cell_id: str
+    workload: str
+    engine: str
+    params: Params
+    record: CellRecord | None
+    environment: Mapping[str, Any]
+    model: str | None
+    """The run's ``--model`` (None: the embedded default)."""
+    spec: ReportSpec
+    """What the workload declared for reports (the record's, else the planned cell's)."""
+
+
+def cells_of(run: RunContents) -> list[RunCell]:
+    """The run's planned cells (the reader refused records of any other)."""
+    manifest = run.manifest
+    by_id = {r.cell_id: r for r in run.records}
+    model = manifest.settings.get("model")
+    model = None if model is None else str(model)
+    cells = []
+    for planned in manifest.planned:
+        rec = by_id.get(planned.cell_id)
+        env = _environment(manifest.environment, rec)
+        params = tuple(planned.params.items())
+        spec = rec.reporting() if rec is not None else planned.reporting()
+        cells.append(
+            RunCell(
+                manifest.run_id,
+                planned.cell_id,
+                planned.workload,
+                planned.engine,
+                params,
+                rec,
+                env,
+                model,
+                spec,
+            )
+        )
+    return cells
+
+
+def _environment(manifest_env: Mapping[str, Any], rec: CellRecord | None) -> Mapping[str, Any]:
+    """The run's machine; a manifest that does not say falls back to the record's."""
+    if hardware(manifest_env) or rec is None:
+        return manifest_env
+    return rec.environment
+
+
+def read_runs(run_dirs: Sequence[Path], skip_damaged: bool) -> list[RunContents]:
+    if not run_dirs:
+        raise RecommendError("give at least one run directory")
+    try:
+        runs = reading.read_run_dirs([Path(p) for p in run_dirs], skip_damaged=skip_damaged)
+    except (OSError, RecordError) as exc:
+        raise RecommendError(f"cannot read run directory: {exc}") from exc
+    seen: set[str] = set()
+    for run in runs:
+        if run.manifest.run_id in seen:
+            raise RecommendError(
+                f"run {run.manifest.run_id} is given twice ({run.path}); give it once"
+            )
+        seen.add(run.manifest.run_id)
+    return runs
+
+
+# --------------------------------------------------------------------------- judging
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _contender(cell: RunCell) -> str:
+    """What competes: the engine, and the values of the parameters the workload declares
+    as contenders beside it (``engine/value``)."""
+    given = dict(cell.params)
+    values = [given.get(k) for k in cell.spec.contender]
+    return "/".join([cell.engine, *(format_param(v) for v in values if v is not None)])
+
+
+def _rate(record: CellRecord, rate: Rate | None) -> float | None:
+    return None if rate is None else _num(record.metric(rate.metric))
+
+
+def _summary_value(metrics: Mapping[str, Any], slo: SLO) -> tuple[float | None, str | None]:
+    """The error-adjusted percentile of ``slo``'s metric, or why there is none."""
+    summary = metrics.get(slo.metric)
+    if not isinstance(summary, dict):
+        return None, "not recorded"
+    key = percentile_key(slo.percentile)
+    adjusted = summary.get("adjusted")
+    value = _num(adjusted.get(key)) if isinstance(adjusted, dict) else None
+    if value is None:
+        return (
+            None,
+            f"not measured (too few requests: {key} needs {min_samples_for(slo.percentile)})",
+        )
+    return value, None
+
+
+def _point_value(point: LoadPoint, slo: SLO) -> tuple[float | None, str | None]:
+    """A load point keeps a compact summary: the adjusted p99, and plain percentiles
+    that equal the adjusted ones only when no request failed."""
+    compact = point.get(slo.metric)
+    if not isinstance(compact, dict):
+        return None, "not recorded for this load point"
+    key = percentile_key(slo.percentile)
+    adjusted = _num(compact.get(f"{key}_adjusted"))
+    if adjusted is not None:
+        return adjusted, None
+    plain = _num(compact.get(key))
+    if plain is not None and point.get("failed") == 0:
+        return plain, None
+    return None, f"not recorded for this load point ({key})"
+
+
+def _check(slo: SLO, found: tuple[float | None, str | None]) -> Check:
+    value, absent = found
+    return Check(slo.key, slo.metric, slo.percentile, slo.threshold_s, value, absent)
+
+
+def has_metric(record: CellRecord, metric: str) -> bool:
+    sweep = _sweep(record, record.reporting())
+    if sweep is not None:
+        full = sweep.full or {}
+        return metric in full or any(metric in p for p in sweep.points)
+    return isinstance(record.metrics.get(metric), dict)
+
+
+def _sample_goodput(
+    record: CellRecord, slos: Sequence[SLO], rate: Rate
+) -> tuple[int, float] | None:
+    """Requests within every SLO and the window, from per-request samples, or None when
+    the record's samples cannot say it exactly.
+
+    Workloads store ``e2e`` and ``ttft`` once per successful request, in request
+    order; ``tpot`` skips single-token requests (then it is not aligned); ``itl`` is
+    per token. Failed requests have no samples and never meet an SLO.
+    """
+    if any(s.metric == "itl" for s in slos) or rate.completed is None:
+        return None
+    ok = _num(record.metric(rate.completed))
+    rps = _num(record.metric(rate.metric))
+    window = _num(record.window.get("duration_s"))
+    if ok is None or rps is None or window is None or window <= 0:
+        return None
+    if abs(ok / window - rps) > 1e-6 * max(rps, 1.0):
+        return None  # the window is not the one the cell's rates were measured over
+    columns = [record.samples.get(s.metric) for s in slos]
+    if any(col is None or len(col) != ok for col in columns):
+        return None
+    good = sum(
+        all(v <= s.threshold_s for v, s in zip(row, slos, strict=True))
+        for row in zip(*[c for c in columns if c is not None], strict=True)
+    )
+    return good, window
+
+
+def _saturation(record: CellRecord) -> str | None:
+    """A cell the validity check found saturated is not a sustainable operating point."""
+    found = [w for w in (record.validity.warnings if record.validity else ()) if "saturated" in w]
+    return found[0] if found else None
+
+
+def _answers_changed(record: CellRecord, spec: ReportSpec) -> str | None:
+    """A faster path that changes the answers is not a win: never recommended (the
+    workload declares which of its warnings say so)."""
+    warnings = record.validity.warnings if record.validity else ()
+    found = [w for w in warnings if spec.answer_checks and w.startswith(spec.answer_checks)]
+    return f"changes the model's answers beyond tolerance: {found[0]}" if found else None
+
+
+def _base(cell: RunCell, record: CellRecord) -> dict[str, Any]:
+    warnings = record.validity.warnings if record.validity else ()
+    return {
+        "run_id": cell.run_id,
+        "cell_id": cell.cell_id,
+        "engine": _contender(cell),
+        "params": cell.params,
+        "warnings": tuple(warnings),
+        "scenario_keys": cell.spec.scenario,
+    }
+
+
+def _simple(cell: RunCell, record: CellRecord, slos: Sequence[SLO]) -> Candidate | NotConsidered:
+    rate, spec = cell.spec.throughput, cell.spec
+    throughput = _rate(record, rate)
+    if rate is None or throughput is None:
+        return _left_out(cell, "ok", ("the record has no throughput figure to rank by",))
+    checks = tuple(_check(s, _summary_value(record.metrics, s)) for s in slos)
+    method: Method
+    goodput: float | None
+    ci = _interval(record.metric(rate.ci)) if rate.ci is not None else None
+    if not slos:
+        method, goodput = "no SLO", throughput
+    elif (recount := _sample_goodput(record, slos, rate)) is not None:
+        good, window = recount
+        method, goodput, ci = "samples", good / window, rate_ci(good, window)
+    else:
+        method = "percentiles"
+        goodput = throughput if all(c.met for c in checks) else None
+    return Candidate(
+        **_base(cell, record),
+        load=None,
+        load_unit=None,
+        checks=checks,
+        method=method,
+        goodput=goodput,
+        throughput=throughput,
+        unit=rate.unit,
+        counts=rate.counts,
+        output_tokens_per_s=_num(record.metric(spec.tokens)) if spec.tokens else None,
+        goodput_ci95=ci if goodput is not None else None,
+        blocker=_saturation(record) or _answers_changed(record, spec),
+    )
+
+
+def _interval(value: object) -> tuple[float | None, float | None] | None:
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        return None
+    return _num(value[0]), _num(value[1])
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """The load points of a sweep or capacity search, and the one the search settled
+    on (``settled`` load, ``full`` its complete metrics)."""
+
+    points: tuple[LoadPoint, ...]
+    settled: float | None
+    full: Mapping[str, Any] | None
+    unit: str
+    tokens: str | None
+    """Where output tokens/s are in ``full``."""
+
+
+def _sweep(record: CellRecord, spec: ReportSpec) -> _Sweep | None:
+    search = spec.search
+    found = record.metric(search.points) if search is not None else None
+    if search is None or not isinstance(found, list):
+        return None
+    point = record.metric(search.settled)
+    load = _num(point.get("load")) if isinstance(point, dict) else None
+    unit = point.get("unit") if isinstance(point, dict) else None
+    if not isinstance(unit, str):  # no settled point: its headline still says
+        unit = next((h.unit for h in record.headline if h.metric.endswith(".load")), "")
+    at = record.metric(search.full)
+    points = tuple(cast(LoadPoint, p) for p in found if isinstance(p, dict))
+    full = at if isinstance(at, dict) else None
+    return _Sweep(points, load, full, unit or "req/s", spec.tokens)
+
+
+def _judge_point(point: LoadPoint, sweep: _Sweep, slos: Sequence[SLO]) -> tuple[Check, ...]:
+    """The settled point is judged on its full metrics, the others on what they keep."""
+    settled = sweep.full is not None and point.get("load") == sweep.settled
+    full = sweep.full if settled and sweep.full is not None else {}
+    return tuple(
+        _check(s, _summary_value(full, s) if s.metric in full else _point_value(point, s))
+        for s in slos
+    )
+
+
+def _point_blocker(point: LoadPoint) -> str | None:
+    if not point.get("valid"):
+        return "invalid: " + "; ".join(str(r) for r in point.get("reasons", ()))
+    offered, done = _num(point.get("offered")), _num(point.get("throughput"))
+    if offered and done is not None and done < MIN_ACHIEVED * offered:
+        return (
+            f"saturated: completed {fmt_number(done)} of {fmt_number(offered)} req/s offered"
+            f" (< {MIN_ACHIEVED:.0%})"
+        )
+    return None
+
+
+def _from_sweep(
+    cell: RunCell, record: CellRecord, sweep: _Sweep, slos: Sequence[SLO]
+) -> Candidate | NotConsidered:
+    usable = [p for p in sweep.points if _point_blocker(p) is None and _num(p.get("throughput"))]
+    if not slos:
+        # none of the user's SLOs applies: the point the run itself settled on
+        usable = [p for p in usable if p.get("load") == sweep.settled]
+    if not usable:
+        why = "no valid, unsaturated load point" if slos else "the run settled on no load point"
+        return _left_out(cell, "ok", (why,))
+    judged = [(p, _judge_point(p, sweep, slos)) for p in usable]
+    passing = [(p, c) for p, c in judged if all(x.met for x in c)]
+    if passing:
+        point, checks = max(passing, key=lambda pc: (pc[0]["throughput"], -pc[0]["load"]))
+    else:
+        point, checks = min(judged, key=lambda pc: (closeness(pc[1]), pc[0]["load"]))
+    throughput = float(point["throughput"])
+    base = _base(cell, record)
+    base["warnings"] = tuple(dict.fromkeys([*base["warnings"], *point.get("warnings", ())]))
+    return Candidate(
+        **base,
+        load=float(point["load"]),
+        load_unit=sweep.unit,
+        checks=checks,
+        method="load points" if slos else "no SLO",
+        goodput=throughput if passing else None,
+        throughput=throughput,
+        unit="req/s",
+        counts="requests",
+        output_tokens_per_s=_settled_tokens(sweep, point),
+        goodput_ci95=_interval(point.get("throughput_ci95")) if passing else None,
+    )
+
+
+def _settled_tokens(sweep: _Sweep, point: LoadPoint) -> float | None:
+    """Output tokens/s: only the point the search settled on keeps its full metrics."""
+    if sweep.full is None or sweep.tokens is None or point.get("load") != sweep.settled:
+        return None
+    node: Any = sweep.full
+    for part in sweep.tokens.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return _num(node)
+
+
+def closeness(checks: Iterable[Check]) -> float:
+    """How far the worst SLO is from its threshold (<= 1 meets); unknown is infinite."""
+    worst = 0.0
+    for c in checks:
+        worst = max(worst, math.inf if c.value_s is None else c.value_s / c.threshold_s)
+    return worst
+
+
+def _left_out(cell: RunCell, status: str, reasons: tuple[str, ...]) -> NotConsidered:
+    return NotConsidered(
+        cell.run_id,
+        cell.cell_id,
+        _contender(cell),
+        cell.params,
+        status,
+        reasons,
+    )
+
+
+def judge(cell: RunCell, slos: Sequence[SLO]) -> list[Candidate | NotConsidered]:
+    record = cell.record
+    if record is None:
+        return [_left_out(cell, "missing", ("no record (interrupted run?)",))]
+    if record.status is not Status.OK or record.validity is None:
+        why = record.reasons or (record.validity.reasons if record.validity else ())
+        return [_left_out(cell, record.status.value, tuple(why) or ("no reason given",))]
+    sweep = _sweep(record, cell.spec)
+    if sweep is not None:
+        return [_from_sweep(cell, record, sweep, slos)]
+    pair = _paired(cell, record)
+    if pair:
+        return list(pair)
+    return [_simple(cell, record, slos)]
+
+
+def _paired(cell: RunCell, record: CellRecord) -> tuple[Candidate, ...]:
+    """Both configurations of a cell that measured two side by side (a reduced precision
+    and its reference), ranked without SLO: their rates come from p50 latency or one
+    request at a time, not from serving a load."""
+    paired = cell.spec.paired
+    if paired is None:
+        return ()
+    own, ref = _rate(record, paired.own), _rate(record, paired.reference)
+    if own is None or ref is None:
+        return ()
+    base = _base(cell, record) | {"load": None, "load_unit": None, "checks": ()}
+    blocker = _answers_changed(record, cell.spec)
+    return (
+        Candidate(**base, **_figures(paired.own), goodput=own, throughput=own, blocker=blocker),
+        Candidate(
+            **base,
+            **_figures(paired.reference),
+            goodput=ref,
+            throughput=ref,
+            variant=paired.reference_label,
+        ),
+    )
+
+
+def _figures(rate: Rate) -> dict[str, Any]:
+    return {"method": "no SLO", "unit": rate.unit, "counts": rate.counts}

@@ -1,0 +1,259 @@
+"""Ranking: the questions (workload x machine x scenario), the figure each is ranked by
+(goodput, or cost with ``--gpu-hour-cost``), the winner, the runner-up and each
+engine's verdict; and ``recommend``, the whole of it from run directories."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.exceptions import RecordError
+from harness.metrics.streamtiming import SLO
+from harness.report.matrix import fmt_number
+from harness.report.recommend.evidence import (
+    RunCell,
+    cells_of,
+    closeness,
+    has_metric,
+    judge,
+    read_runs,
+)
+from harness.report.recommend.model import (
+    Candidate,
+    Cost,
+    EngineVerdict,
+    NotConsidered,
+    Params,
+    Recommendation,
+    RecommendError,
+    RunInfo,
+    WorkloadAdvice,
+    figure_name,
+    lower,
+    pct,
+)
+from harness.results import reading
+from harness.results.environment import hardware, hardware_label
+from harness.results.reading import Damaged, RunContents
+from harness.results.records import Status
+
+# --------------------------------------------------------------------------- ranking
+
+
+@dataclass(frozen=True)
+class _Figure:
+    """What a workload is ranked by: goodput, or cost of ``per`` at rate ``source``."""
+
+    label: str
+    cost_per: str | None
+    scale: float
+    tokens: bool
+
+
+def _figure(
+    candidates: Sequence[Candidate], gpu_hour_cost: float | None, slo_applied: bool
+) -> _Figure:
+    unit = candidates[0].unit if candidates else "req/s"
+    counts = candidates[0].counts if candidates else "requests"
+    if gpu_hour_cost is None:
+        what = "goodput under the SLO" if slo_applied else "throughput (no SLO applied)"
+        return _Figure(f"highest {what} ({unit})", None, 1.0, tokens=False)
+    meeting = [c for c in candidates if c.meets]
+    if meeting and all(c.output_tokens_per_s for c in meeting):
+        per, tokens, scale = "1M output tokens", True, 1e6
+    else:
+        per, tokens, scale = f"1k {counts}", False, 1e3
+    rate = "output tokens/s" if tokens else unit
+    label = (
+        f"lowest cost per {per} at {gpu_hour_cost:g} per machine-hour (on one machine the"
+        f" same order as highest {rate})"
+    )
+    return _Figure(label, per, scale, tokens)
+
+
+def _priced(c: Candidate, figure: _Figure, gpu_hour_cost: float | None) -> Candidate:
+    if gpu_hour_cost is None or figure.cost_per is None or not c.meets:
+        return c
+    rate = c.output_tokens_per_s if figure.tokens else c.goodput
+    if not rate:
+        return c
+    return dataclasses.replace(
+        c, cost=Cost(gpu_hour_cost / 3600 / rate * figure.scale, figure.cost_per)
+    )
+
+
+def _rank_key(c: Candidate, figure: _Figure) -> tuple[Any, ...]:
+    tie = (c.engine, c.configuration(), c.run_id, c.cell_id)
+    if c.meets:
+        rate = (c.output_tokens_per_s if figure.tokens else c.goodput) or 0.0
+        return (0, -rate, *tie)
+    return (1, closeness(c.checks) if c.blocker is None else math.inf, -c.throughput, *tie)
+
+
+def _beaten(c: Candidate, best: Candidate) -> str:
+    if c.cost is not None and best.cost is not None:
+        more = pct(c.cost.amount / best.cost.amount - 1) if best.cost.amount > 0 else "inf"
+        return (
+            f"{_lead(c)} costs {fmt_number(c.cost.amount)} per {c.cost.per},"
+            f" {more} % more than the winner"
+        )
+    value, top = c.goodput or 0.0, best.goodput or 0.0
+    return (
+        f"{_lead(c)} {figure_name(c)} {fmt_number(value)} {c.unit} is {lower(value, top)} %"
+        " lower than the winner's"
+    )
+
+
+def _lead(c: Candidate) -> str:
+    return "no SLO applied;" if c.method == "no SLO" else "meets the SLO but"
+
+
+def why_missed(c: Candidate) -> str:
+    """The blocker (saturated) first, then every SLO missed with its numbers."""
+    return "; ".join([*([c.blocker] if c.blocker else []), *(x.text() for x in c.missed)])
+
+
+def _engine_verdict(
+    engine: str,
+    ranked: Sequence[Candidate],
+    left: Sequence[NotConsidered],
+    winner: Candidate | None,
+) -> EngineVerdict:
+    own = [c for c in ranked if c.engine == engine]
+    if not own:
+        statuses = sorted({n.status for n in left if n.engine == engine})
+        return EngineVerdict(engine, None, f"no valid cell ({', '.join(statuses)}; see below)")
+    best = own[0]
+    if winner is not None and best is winner:
+        return EngineVerdict(engine, best, "recommended")
+    if best.meets and winner is not None:
+        return EngineVerdict(engine, best, _beaten(best, winner))
+    tried = "its only configuration" if len(own) == 1 else f"all {len(own)} configurations"
+    what = "the SLO" if any(c.checks for c in own) else "what a recommendation needs"
+    return EngineVerdict(engine, best, f"misses {what} in {tried}; closest: {why_missed(best)}")
+
+
+def _advise(
+    key: tuple[str, str, Params],
+    cells: Sequence[RunCell],
+    slos: Sequence[SLO],
+    gpu_hour_cost: float | None,
+) -> WorkloadAdvice:
+    recorded = [c.record for c in cells if c.record is not None and c.record.status is Status.OK]
+    applied = [s for s in slos if any(has_metric(r, s.metric) for r in recorded)]
+    judged = [j for c in cells for j in judge(c, applied)]
+    found = [j for j in judged if isinstance(j, Candidate)]
+    left = tuple(j for j in judged if isinstance(j, NotConsidered))
+    figure = _figure(found, gpu_hour_cost, bool(applied))
+    ranked = sorted(
+        (_priced(c, figure, gpu_hour_cost) for c in found), key=lambda c: _rank_key(c, figure)
+    )
+    meeting = [c for c in ranked if c.meets]
+    winner = meeting[0] if meeting else None
+    engines = list(dict.fromkeys([*(c.engine for c in ranked), *(n.engine for n in left)]))
+    workload, label, scenario = key
+    return WorkloadAdvice(
+        workload=workload,
+        hardware=label,
+        scenario=scenario,
+        slos_applied=tuple(_slo_text(s) for s in applied),
+        slos_not_applicable=tuple(_slo_text(s) for s in slos if s not in applied),
+        ranked_by=figure.label,
+        recommended=winner,
+        runner_up=meeting[1] if len(meeting) > 1 else None,
+        engines=tuple(_engine_verdict(e, ranked, left, winner) for e in engines),
+        candidates=tuple(ranked),
+        not_considered=left,
+    )
+
+
+def _scenario(cell: RunCell) -> Params:
+    """The values of the parameters the workload declares as posing the question, and
+    the run's ``--model`` (always part of the question)."""
+    found = tuple((k, v) for k, v in cell.params if k in cell.spec.scenario)
+    if cell.model is not None and "model" not in dict(cell.params):
+        found = (("model", cell.model), *found)
+    return found
+
+
+def _slo_text(slo: SLO) -> str:
+    return f"{slo.key}<={fmt_number(slo.threshold_s * 1e3)}ms"
+
+
+def _hardware_groups(cells: Sequence[RunCell]) -> dict[str, tuple[str, list[RunCell]]]:
+    """Cells by machine (hardware fingerprint), each with a label; two machines with
+    the same short label get a number so they still read apart."""
+    groups: dict[str, tuple[str, list[RunCell]]] = {}
+    for cell in cells:
+        key = json.dumps(hardware(cell.environment), sort_keys=True, default=str)
+        if key not in groups:
+            label = hardware_label(cell.environment)
+            same = sum(1 for lbl, _ in groups.values() if lbl.split(" [machine")[0] == label)
+            groups[key] = (f"{label} [machine {same + 1}]" if same else label, [])
+        groups[key][1].append(cell)
+    return groups
+
+
+def recommend_cells(
+    runs: Sequence[RunInfo],
+    cells: Sequence[RunCell],
+    slos: Sequence[SLO],
+    gpu_hour_cost: float | None,
+    skipped: Sequence[Damaged] = (),
+) -> Recommendation:
+    groups = _hardware_groups(cells)
+    questions: dict[tuple[str, str, Params], list[RunCell]] = {}
+    for label, members in groups.values():
+        for cell in members:
+            questions.setdefault((cell.workload, label, _scenario(cell)), []).append(cell)
+    # a workload's scenarios stay together, in the order the runs planned them
+    order = list(dict.fromkeys(c.workload for c in cells))
+    keys = sorted(questions, key=lambda k: order.index(k[0]))
+    advice = [_advise(k, questions[k], slos, gpu_hour_cost) for k in keys]
+    return Recommendation(
+        slos=tuple(_slo_text(s) for s in slos),
+        gpu_hour_cost=gpu_hour_cost,
+        runs=tuple(runs),
+        hardware=tuple(label for label, _ in groups.values()),
+        workloads=tuple(advice),
+        skipped=tuple(skipped),
+    )
+
+
+def recommend(
+    run_dirs: Sequence[Path],
+    slos: Sequence[SLO],
+    gpu_hour_cost: float | None = None,
+    *,
+    skip_damaged: bool = False,
+) -> Recommendation:
+    """The recommendation for ``slos`` from the runs in ``run_dirs`` (a pure function of
+    their contents); raises ``RecommendError`` for input it cannot use, damaged or
+    foreign records included unless ``skip_damaged`` leaves them out (and lists them)."""
+    keys = [s.key for s in slos]
+    if len(keys) != len(set(keys)):
+        raise RecommendError(f"an SLO is given twice: {', '.join(keys)}")
+    if gpu_hour_cost is not None and not (gpu_hour_cost > 0 and math.isfinite(gpu_hour_cost)):
+        raise RecommendError(f"--gpu-hour-cost must be a positive number, got {gpu_hour_cost:g}")
+    runs = read_runs(run_dirs, skip_damaged)
+    try:
+        _, rec = reading.vet(
+            runs, lambda rs: _recommend_runs(rs, slos, gpu_hour_cost), skip_damaged=skip_damaged
+        )
+    except RecordError as exc:
+        raise RecommendError(f"cannot recommend from these runs: {exc}") from exc
+    return rec
+
+
+def _recommend_runs(
+    runs: Sequence[RunContents], slos: Sequence[SLO], gpu_hour_cost: float | None
+) -> Recommendation:
+    infos = [RunInfo(str(r.path), r.manifest.run_id, r.state) for r in runs]
+    cells = [cell for run in runs for cell in cells_of(run)]
+    skipped = tuple(d for r in runs for d in r.skipped)
+    return recommend_cells(infos, cells, slos, gpu_hour_cost, skipped)

@@ -1,0 +1,203 @@
+"""The recommendation for people (text) and for programs (JSON); the same input gives
+the same bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.report.matrix import fmt_number
+from harness.report.recommend.model import (
+    EXIT_OK,
+    METHODS,
+    Candidate,
+    NotConsidered,
+    Recommendation,
+    WorkloadAdvice,
+    figure_name,
+    lower,
+    param_text,
+    pct,
+)
+from harness.report.recommend.ranking import (
+    why_missed,
+)
+from harness.results import reading
+
+# --------------------------------------------------------------------------- output
+
+
+def _describe(c: Candidate) -> str:
+    """The candidate's figures: goodput (or throughput), tokens/s, cost, SLOs met."""
+    rate = c.goodput if c.goodput is not None else c.throughput
+    parts = [f"{figure_name(c)} {fmt_number(rate)} {c.unit}{_ci_text(c.goodput_ci95)}"]
+    if c.output_tokens_per_s is not None:
+        parts.append(f"{fmt_number(c.output_tokens_per_s)} output tokens/s")
+    if c.cost is not None:
+        parts.append(f"{fmt_number(c.cost.amount)} per {c.cost.per}")
+    met = [x.text() for x in c.checks if x.met]
+    if met:
+        parts.append("; ".join(met))
+    return ", ".join(parts)
+
+
+def _ci_text(ci: tuple[float | None, float | None] | None) -> str:
+    if ci is None:
+        return ""
+    lo, hi = ("?" if v is None else fmt_number(v) for v in ci)
+    return f" [95% {lo}, {hi}]"
+
+
+def _named(c: Candidate, several_runs: bool) -> str:
+    """Engine, configuration and (when several runs are read) which run."""
+    run = f" [run {c.run_id}]" if several_runs else ""
+    return f"{c.engine} {c.configuration()}{run}"
+
+
+def _render_workload(w: WorkloadAdvice, several_machines: bool, several_runs: bool) -> list[str]:
+    where = f" on {w.hardware}" if several_machines else ""
+    lines = [f"== {w.title}{where} =="]
+    if w.candidates:
+        lines += _render_slos(w)
+        lines.append(f"ranked by: {w.ranked_by}")
+    lines += _render_pick(w, several_runs)
+    lines += _render_engines(w, several_runs)
+    lines += _render_all(w, several_runs)
+    lines += _render_left_out(w.not_considered)
+    return [*lines, ""]
+
+
+def _render_left_out(left: Sequence[NotConsidered]) -> list[str]:
+    """Cells left out, those of one engine with the same status and reasons together."""
+    groups: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
+    for n in left:
+        groups.setdefault((n.engine, n.status, n.reasons), []).append(param_text(n.params))
+    lines = ["not considered:"] if groups else []
+    for (engine, status, reasons), configs in groups.items():
+        named = f"{engine} {configs[0]}".strip()
+        if len(configs) > 1:
+            named = f"{engine} ({len(configs)} cells: {', '.join(configs)})"
+        lines.append(f"  {named}: {status}: {'; '.join(reasons)}")
+    return lines
+
+
+def _render_slos(w: WorkloadAdvice) -> list[str]:
+    if not w.slos_applied:
+        return ["no SLO applied: none of the given SLOs is measured by this workload"]
+    line = f"SLOs applied: {', '.join(w.slos_applied)}"
+    if w.slos_not_applicable:
+        line += f" (not measured here: {', '.join(w.slos_not_applicable)})"
+    return [line]
+
+
+def _render_pick(w: WorkloadAdvice, several_runs: bool) -> list[str]:
+    r = w.recommended
+    if r is None:
+        why = "no valid cell meets the SLO" if w.candidates else "no valid cell to recommend from"
+        return [f"NO RECOMMENDATION: {why}"]
+    lines = [f"RECOMMENDED: {_named(r, several_runs)}: {_describe(r)}"]
+    lines.append(f"  method: {METHODS[r.method]}")
+    if r.warnings:
+        lines.append(f"  (!) warnings: {'; '.join(r.warnings)}")
+    u = w.runner_up
+    if u is None:
+        other = "meets the SLO" if w.slos_applied else "is valid"
+        return [*lines, f"runner-up: none (no other configuration {other})"]
+    return [*lines, f"runner-up: {_named(u, several_runs)}: {_describe(u)} ({_gap(u, r)})"]
+
+
+def _gap(u: Candidate, r: Candidate) -> str:
+    """How far behind the runner-up is, and whether the two are told apart at all."""
+    if u.cost is not None and r.cost is not None and r.cost.amount > 0:
+        gap = f"costs {pct(u.cost.amount / r.cost.amount - 1)} % more"
+    else:
+        gap = f"{lower(u.goodput or 0.0, r.goodput or 0.0)} % lower {figure_name(u)}"
+    low, high = (r.goodput_ci95 or (None, None))[0], (u.goodput_ci95 or (None, None))[1]
+    if low is not None and high is not None and high >= low:
+        gap += "; their 95% intervals overlap: the difference may be noise"
+    return gap
+
+
+def _render_engines(w: WorkloadAdvice, several_runs: bool) -> list[str]:
+    lines = ["by engine (best configuration of each):"]
+    for v in w.engines:
+        named = _named(v.best, several_runs) if v.best else v.engine
+        lines.append(f"  {named}: {v.verdict}")
+    return lines
+
+
+def _render_all(w: WorkloadAdvice, several_runs: bool) -> list[str]:
+    if len(w.candidates) < 2:  # one candidate is already shown above
+        return []
+    lines = ["all configurations (best first):"]
+    for i, c in enumerate(w.candidates, start=1):
+        verdict = _describe(c) if c.meets else f"not recommended: {why_missed(c)}"
+        lines.append(f"  {i}. {_named(c, several_runs)}: {verdict}")
+    return lines
+
+
+def render(rec: Recommendation) -> str:
+    """The recommendation as text; the same input gives the same bytes."""
+    cost = f"; machine cost {rec.gpu_hour_cost:g} per hour" if rec.gpu_hour_cost else ""
+    lines = [f"Recommendation for SLO {', '.join(rec.slos) or '(none)'}{cost}"]
+    for run in rec.runs:
+        state = "" if run.state == "complete" else f" (run is {run.state}: cells may be missing)"
+        lines.append(f"run {run.run_id}: {run.path}{state}")
+    lines += reading.skipped_lines(rec.skipped)
+    several = len(rec.hardware) > 1
+    if several:
+        lines.append(
+            f"cells come from {len(rec.hardware)} different machines; each machine is"
+            f" recommended separately, never mixed: {' | '.join(rec.hardware)}"
+        )
+    else:
+        lines.append(f"machine: {rec.hardware[0] if rec.hardware else 'unknown hardware'}")
+    lines.append("")
+    for w in rec.workloads:
+        lines += _render_workload(w, several, len(rec.runs) > 1)
+    lines.append(_summary(rec))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _summary(rec: Recommendation) -> str:
+    missing = [w.title for w in rec.workloads if w.measured and w.recommended is None]
+    if missing:
+        return f"no recommendation for: {', '.join(missing)} (exit {rec.exit_code})"
+    if rec.exit_code != EXIT_OK:
+        return f"nothing to recommend: no workload has a valid cell (exit {rec.exit_code})"
+    return f"every measured workload has a recommendation (exit {rec.exit_code})"
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready data: parameters as objects (in their declared order), each
+    candidate's verdict and configuration text beside its figures, and infinity as the
+    string "Infinity", as records write it."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {}
+        for f in dataclasses.fields(value):
+            if f.metadata.get("json") is False:
+                continue
+            item = getattr(value, f.name)
+            out[f.name] = _plain(dict(item) if f.name in ("params", "scenario") else item)
+        if isinstance(value, Candidate):
+            out |= {"meets": value.meets, "configuration": value.configuration()}
+        return out
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "Infinity" if value > 0 else ("-Infinity" if value < 0 else "NaN")
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def to_json(rec: Recommendation) -> bytes:
+    """Stable bytes: field order is the types', list order the ranking's."""
+    data = _plain(rec) | {"exit_code": rec.exit_code, "methods": METHODS}
+    return (json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
