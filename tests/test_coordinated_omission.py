@@ -81,6 +81,11 @@ def test_a_stalled_engine_behind_the_harness_batcher_shows_as_queueing():
     # the requests that queued behind the stall are the ones due during it
     queued = offsets[queue > 0.05]
     assert 1.9 <= queued.min() <= 2.1
-    assert 2.7 <= queued.max() <= 3.1
+    # every request due during the stall queued behind it, in one unbroken run; how long
+    # the backlog takes to drain after it depends on the machine's load, so the run's end
+    # is bounded by the schedule (later requests no longer queue), not by a wall time
+    assert queued.max() >= 2.7
+    assert np.all(np.diff(queued) <= 1.5 / RATE)
+    assert queued.max() < offsets.max() - 0.5
     # the serving loop itself was never late to wake: the delay is the system's
     assert stats.nearest_rank(np.asarray(trace.lag), 99.0) < 0.02  # the quick profile's bound

@@ -4,9 +4,9 @@ cells run locally.
 
 A worker host is killed mid-run: only the cells it had in flight are affected, and they
 are run again on the head. ``tox -e ray`` runs this (root, Ray installed); it takes about
-four and a half minutes on two cores (the whole quick matrix, locally and on the cluster,
-took twelve: a cell runs on a Ray node the same way whatever its workload, so one or two
-cells of each workload carry the claim).
+three and a half minutes on two cores (the whole quick matrix at its own window, locally and
+on the cluster, took twelve: a cell runs on a Ray node the same way whatever its workload,
+so one or two cells of each workload carry the claim).
 """
 
 from __future__ import annotations
