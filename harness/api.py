@@ -70,7 +70,7 @@ from harness.metrics import stats
 from harness.metrics.slowlog import SlowLog
 from harness.metrics.streamtiming import SLO, RequestRecord, parse_slos
 from harness.metrics.telemetry import Telemetry
-from harness.metrics.validity import Evidence, Verdict, judge
+from harness.metrics.validity import DRIFTED, Evidence, Verdict, judge
 from harness.plugin import OpenEngine, settings_of
 from harness.results.records import Headline
 from harness.results.reportspec import (
@@ -94,6 +94,7 @@ from harness.session.config import (
 )
 
 __all__ = [
+    "DRIFTED",
     "IMAGE_SUFFIXES",
     "SLO",
     "Arrivals",

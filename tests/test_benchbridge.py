@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.metrics import stats
 from harness.results.records import Headline
 from harness.metrics.validity import Evidence
 
@@ -40,7 +41,7 @@ HEADLINE = [Headline(label="p50", metric="latency.p50", unit="ms", scale=1e3)]
 
 def finish(cell, latency, single_stream):
     cell.finish(
-        metrics={"latency": {"p50": float(np.median(latency))}},
+        metrics={"latency": {"p50": stats.nearest_rank(latency, 50.0)}},
         evidence=Evidence(samples=len(latency), failed=0, window_s=2.0),
         headline=HEADLINE,
         samples={"latency": latency},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from harness.metrics import stats
@@ -143,8 +142,8 @@ def test_shapes_modes_trade_padding_for_distinct_shapes(run):
             assert sum(v["count"] for v in per_shape.values()) == rec.window["requests"]
             cold = sum(v["first_seen"] is not None for v in per_shape.values())
             assert cold == rec.metrics["first_seen"]["count"]
-            flags = np.asarray(rec.samples["first_seen"], dtype=bool)
-            assert int(flags.sum()) == cold
+            # the latencies of the first request of each shape, which first_seen.p50 summarizes
+            assert len(rec.samples["first_seen"]) == cold
             # the same seeded requests in every mode: same real work per request
             per_request = rec.metrics["padding"]["real_elements"] / rec.window["requests"]
             assert per_request == pytest.approx(

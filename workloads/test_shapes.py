@@ -184,9 +184,12 @@ def test_shapes(
             Headline(label="padding", metric="padding.waste", unit="%", scale=100.0),
             Headline(label="tput", metric="throughput.real_elements_per_s", unit="elem/s"),
         ],
+        # Each headline statistic's samples, as compare recomputes it from them:
+        # ``first_seen`` holds the latencies of the first requests of new shapes (what
+        # first_seen.p50 summarizes), not the 0/1 flags of which requests those were.
         samples={
             "latency": stats.as_samples(latency[~late]),
-            "first_seen": [float(x) for x in first_seen],
+            "first_seen": stats.as_samples(cold),
         },
         window={
             "duration_s": window,

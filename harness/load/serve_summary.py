@@ -17,7 +17,7 @@ import numpy.typing as npt
 from harness.load.serving import ServeTrace
 from harness.metrics import failures, slowlog, stats
 from harness.metrics.streamtiming import SLO, slo_verdicts
-from harness.metrics.validity import Evidence
+from harness.metrics.validity import Evidence, latency_trend
 
 Array = npt.NDArray[np.float64]
 
@@ -38,8 +38,10 @@ def e2e_slos(slos: Sequence[SLO]) -> tuple[SLO, ...]:
 
 
 def summarize_trace(
-    trace: ServeTrace, offered_rate: float, slos: Sequence[SLO] = ()
+    trace: ServeTrace, offered_rate: float, slos: Sequence[SLO] = (), *, stationary: bool = True
 ) -> TraceSummary:
+    """``stationary``: the offered rate is constant over the window, so a trend in latency
+    is the system's and becomes a warning; False for a shaped load (a ramp, a burst)."""
     ok = ~trace.failed
     e2e_all = trace.t_done - trace.t_sched
     e2e = e2e_all[ok]
@@ -58,14 +60,16 @@ def summarize_trace(
         "errors": failures.tally(trace.errors),
     }
     metrics["slo"] = slo_verdicts(metrics, slos)
+    lag_p99 = stats.conservative(trace.lag, 99.0)
     evidence = Evidence(
         samples=n_ok,
         failed=n_failed,
         window_s=window,
-        lag_p99_s=stats.conservative(trace.lag, 99.0),
+        lag_p99_s=lag_p99,
         offered_rate=offered_rate,
         achieved_rate=n_ok / window if window > 0 else 0.0,
         negative_durations=int(np.sum(spans["queue"] < 0) + np.sum(e2e < spans["queue"])),
+        notes=_trend(e2e, trace.t_sched[ok], lag_p99) if stationary else (),
     )
     threshold = min((s.threshold_s for s in slos), default=None)
     slow = slowlog.select(
@@ -78,6 +82,13 @@ def summarize_trace(
     samples = {"e2e": stats.as_samples(e2e), "queue": stats.as_samples(spans["queue"])}
     samples["lag"] = stats.as_samples(trace.lag)
     return TraceSummary(metrics, evidence, samples, slow, e2e)
+
+
+def _trend(e2e: Array, t_sched: Array, lag_p99_s: float | None) -> tuple[str, ...]:
+    """The serving loop keeps requests in schedule order (sorted offsets, index = order
+    due); ordering by ``t_sched`` again (stable) costs little and keeps it so."""
+    trend = latency_trend(e2e[np.argsort(t_sched, kind="stable")], floor_s=lag_p99_s)
+    return (trend,) if trend else ()
 
 
 def _meets(e2e: Array, slos: Sequence[SLO]) -> npt.NDArray[np.bool_]:

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from harness.metrics import slowlog, stats
 from harness.metrics.streamtiming import SLO, RequestRecord, StreamMetrics
-from harness.metrics.validity import Evidence
+from harness.metrics.validity import Evidence, latency_trend
 
 Array = npt.NDArray[np.float64]
 
@@ -49,41 +49,58 @@ def spans(ok: Sequence[RequestRecord]) -> dict[str, Array]:
 
 
 def summarize_stream(
-    records: Sequence[RequestRecord], slos: Sequence[SLO], offered_rate: float | None
+    records: Sequence[RequestRecord],
+    slos: Sequence[SLO],
+    offered_rate: float | None,
+    *,
+    stationary: bool = True,
 ) -> StreamSummary:
-    """``offered_rate`` None: closed loop (no schedule, so no lag bound and no saturation)."""
+    """``offered_rate`` None: closed loop (no schedule, so no lag bound, no saturation and no
+    trend). ``stationary``: the offered rate is constant over the window, so a trend in
+    latency is the system's and becomes a warning; False for a shaped load."""
     m = StreamMetrics(records, slos)
     lag = [r.lag for r in records]
     ok = m.ok
     stage = spans(ok)
     e2e = np.array([r.t_last - r.t_sched for r in ok])
+    t_sched = np.array([r.t_sched for r in ok])
     metrics = (
         m.to_json()
         | {"lag": stats.to_json(stats.summarize(lag))}
         | stats.stage_breakdown(stage, e2e)
     )
     achieved = len(ok) / m.window_s if m.window_s > 0 else 0.0
+    lag_p99 = stats.conservative(lag, 99.0) if offered_rate else None
     evidence = Evidence(
         samples=len(ok),
         failed=m.failed,
         window_s=m.window_s,
-        lag_p99_s=stats.conservative(lag, 99.0) if offered_rate else None,
+        lag_p99_s=lag_p99,
         offered_rate=offered_rate,
         achieved_rate=achieved if offered_rate else None,
         sent_rate=_sent_rate(records) if offered_rate else None,
+        notes=_trend(e2e, t_sched, lag_p99) if offered_rate and stationary else (),
     )
     samples = {k: stats.as_samples(v) for k, v in m.samples().items() if k != "icl"}
     samples["lag"] = stats.as_samples(lag)
     e2e_slo = min((s.threshold_s for s in slos if s.metric == "e2e"), default=None)
     slow = slowlog.select(
         e2e,
-        np.array([r.t_sched for r in ok]),
+        t_sched,
         p99_s=stats.nearest_rank(e2e, 99.0) if e2e.size >= stats.min_samples_for(99.0) else None,
         slo_s=e2e_slo,
         spans=stage,
         lag=np.array([r.lag for r in ok]),
     )
     return StreamSummary(metrics, evidence, samples, slow)
+
+
+def _trend(e2e: Array, t_sched: Array, lag_p99_s: float | None) -> tuple[str, ...]:
+    """In schedule order: the driver returns records by request index (sorted offsets) and
+    merging client processes puts each back at its index; a stable sort by ``t_sched``
+    keeps it so for any caller."""
+    trend = latency_trend(e2e[np.argsort(t_sched, kind="stable")], floor_s=lag_p99_s)
+    return (trend,) if trend else ()
 
 
 def _sent_rate(records: Sequence[RequestRecord]) -> float | None:

@@ -245,6 +245,33 @@ class Statistic:
         return None not in quantile_ci(np.sort(values), self.percentile)
 
 
+REPRODUCE_REL = 1e-9
+REPRODUCE_ABS = 1e-7
+"""Records keep samples rounded to 7 decimals (``as_samples``): a statistic recomputed
+from them may differ from the one computed before rounding by half of that."""
+
+
+def reproduces(stat: Statistic, values: npt.ArrayLike, recorded: float) -> bool:
+    """Whether ``stat`` computed from ``values`` gives the ``recorded`` figure.
+
+    The tolerance is relative 1e-9 (float noise) or absolute ``REPRODUCE_ABS`` = 1e-7:
+    samples are stored rounded to 7 decimals (``as_samples``), which moves a nearest-rank
+    percentile (it keeps the order, so it picks the same sample) or a mean by at most
+    half of that. A figure computed from other values is almost never that close.
+
+    "No value" reproduces "no value": no samples reproduce only a NaN figure (nothing
+    to compute it from), and a NaN statistic (a NaN among the samples) only a NaN one.
+    Infinite figures reproduce when equal.
+    """
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return math.isnan(recorded)
+    again = stat.of(arr)
+    if math.isnan(again) or math.isnan(recorded):
+        return math.isnan(again) and math.isnan(recorded)
+    return math.isclose(again, recorded, rel_tol=REPRODUCE_REL, abs_tol=REPRODUCE_ABS)
+
+
 _STAT_PATH = re.compile(r"(?P<key>.+)\.(?:mean|p(?P<p>\d+(?:\.\d+)?))")
 
 

@@ -9,12 +9,16 @@ harness.results.reportspec.ReportSpec) goes into every record of the cell, and
 
 from __future__ import annotations
 
+import numbers
 import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from harness.metrics import stats
 from harness.metrics.slowlog import SlowLog, with_telemetry
 from harness.metrics.telemetry import Telemetry
 from harness.metrics.validity import Evidence, Policy, Validity, judge
@@ -52,6 +56,51 @@ def check_declared(
             check_path(metrics, h.ci, f"headline {h.label!r} (its ci)")
     for what, path in spec.paths() if spec is not None else ():
         check_path(metrics, path, f"report_spec {what}")
+
+
+def check_reproduced(
+    metrics: Mapping[str, Any], headline: Sequence[Headline], samples: Mapping[str, Sequence[float]]
+) -> None:
+    """Every headline statistic whose samples the cell stores (``e2e.p99`` and
+    ``samples["e2e"]``, harness.metrics.stats.statistic) is what those samples give;
+    else ValueError naming the headline, the path and both values. ``compare`` recomputes
+    these figures from the samples and refuses ones they do not reproduce, so a figure
+    computed from other values is a workload bug, caught here while it is measured.
+
+    A figure recorded as not measured (a ``None``, an ``absent`` dict, a percentile
+    withheld for too few samples: what ``check_declared`` lets through) has nothing to
+    reproduce; a NaN one is reproduced only by no samples or a NaN statistic
+    (harness.metrics.stats.reproduces).
+    """
+    for h in headline:
+        stat = stats.statistic(h.metric)
+        if stat is None or stat.key not in samples:
+            continue
+        recorded = _number_at(metrics, h.metric)
+        if recorded is None:
+            continue
+        values = samples[stat.key]
+        if stats.reproduces(stat, values, recorded):
+            continue
+        again = stat.of(np.asarray(values, dtype=np.float64)) if len(values) else None
+        gives = f"give {again!r}" if again is not None else "are empty"
+        raise ValueError(
+            f"headline {h.label!r} (metrics path {h.metric!r}) records {recorded!r}, but the"
+            f" {len(values)} values in samples[{stat.key!r}] {gives}: compute the figure from"
+            " the samples the cell stores, or store the samples it was computed from"
+        )
+
+
+def _number_at(metrics: Mapping[str, Any], path: str) -> float | None:
+    """The number at ``path`` in ``metrics``; None where there is none."""
+    node: Any = metrics
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    if isinstance(node, bool) or not isinstance(node, numbers.Real):
+        return None
+    return float(node)
 
 
 @dataclass(frozen=True)
@@ -109,6 +158,7 @@ class Cell:
         if single_stream is not None and single_stream not in (samples or {}):
             raise ValueError(f"single_stream={single_stream!r} names no samples of this cell")
         check_declared(metrics, headline, self.report_spec)
+        check_reproduced(metrics, headline, samples or {})
         validity = judge(evidence, self.policy)
         if slow is not None:
             metrics = metrics | {
