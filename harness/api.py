@@ -85,13 +85,8 @@ from harness.results.reportspec import (
     StagesPlot,
 )
 from harness.session.cell import Cell
-from harness.session.config import (
-    IMAGE_SUFFIXES,
-    ClientsOn,
-    ProfileName,
-    RunSettings,
-    cache_root,
-)
+from harness.session.config import IMAGE_SUFFIXES, ProfileName, RunSettings, cache_root
+from harness.session.execution import ClientsOn
 
 __all__ = [
     "DRIFTED",

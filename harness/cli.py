@@ -149,6 +149,7 @@ def _compare(args: argparse.Namespace, console: Console) -> int:
             allow_env=tuple(args.allow_env),
             allow_missing=args.allow_missing,
             skip_damaged=args.skip_damaged,
+            fail_within_run=args.fail_within_run,
         )
     except compare.CompareError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
@@ -169,11 +170,15 @@ def _register_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "compare",
         help="compare two runs cell by cell; exit 1 on a significant regression",
         description=(
-            "Per cell, the change of each headline figure NEW/BASE - 1 with a 95%% bootstrap"
-            " interval and a Holm-adjusted test on the raw samples. Exit 0: no significant"
+            "Per cell, the change of each headline figure NEW/BASE - 1 with a 95%% interval"
+            " and a Holm-adjusted test: between repeats where both runs were made with"
+            " --repeats N (N >= 2; each repeat a fresh worker process), else on the raw"
+            " samples of one run each ('within-run only', which does not fail the"
+            " comparison unless --fail-within-run). Latency of a cell saturated or"
+            " trending in either run is not comparable. Exit 0: no significant"
             " regression; 1: a significant regression (or a cell ok in BASE that is not ok"
             " in NEW); 2: the runs cannot be compared (unreadable or damaged files, no shared"
-            " cells, cells missing, environments differ)."
+            " cells, cells missing, environments differ). docs/methodology.md says more."
         ),
     )
     p.add_argument("base", metavar="BASE", help="run directory before the change")
@@ -200,6 +205,13 @@ def _register_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--allow-missing",
         action="store_true",
         help="compare the shared cells even when some cells are in one run only",
+    )
+    p.add_argument(
+        "--fail-within-run",
+        action="store_true",
+        help="also exit 1 on a regression judged within one run only (runs made without"
+        " --repeats): by default it is reported but does not fail, since one run's"
+        " requests share its machine state and overstate significance between runs",
     )
     p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the comparison")
     reading.add_skip_damaged(p)

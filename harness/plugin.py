@@ -26,10 +26,11 @@ from harness.results.records import Status
 from harness.results.redact import redact_text
 from harness.session import benchbridge
 from harness.session.cell import REPORT_SPEC_MARK, Cell
-from harness.session.config import Dist, Isolation, RunSettings, check_writable_dir
-from harness.session.isolation import Supervisor, groups
+from harness.session.config import RunSettings, check_writable_dir
+from harness.session.execution import Dist, Isolation
 from harness.session.options import add_options, check_rootdir, settings_from
 from harness.session.outcome import RunExit, run_exit
+from harness.session.passes import run_isolated
 from harness.session.pool import EnginePool, NewEngineInstance
 from harness.session.resume import Resume, resumable, select_for_resume
 from harness.session.state import (
@@ -178,7 +179,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [i for i in items if i.nodeid == only]
     resume = config.stash.get(RESUME, None)
     if resume is not None:
-        select_for_resume(config, items, resume.manifest, resume.latest)
+        repeats = settings_of(config).repeats
+        select_for_resume(config, items, resume.manifest, resume.latest, repeats)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -194,13 +196,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         manifest = store.read_manifest(spec.run_dir)
         state = RunState(spec.run_dir, manifest, settings, {c.nodeid: c for c in manifest.planned})
         state.sink = sink
+        state.repeat = spec.repeat
     elif resume is not None:
         state = resume_run(resume.run_dir, settings, resume.manifest, resume.latest, resume.lock)
         collected = {c.nodeid for c in cells}
         state.missing = [
             c.cell_id
             for c in resume.manifest.planned
-            if resume.latest.get(c.cell_id) is not Status.OK and c.nodeid not in collected
+            if c.nodeid not in collected
+            and not all(state.done(c.cell_id, r) for r in range(1, settings.repeats + 1))
         ]
     elif cells:
         state = start_run(settings, [planned_cell(item) for item in cells])
@@ -471,35 +475,10 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         if state.fatal_error:
             pytest.exit(redact_text(state.fatal_error), returncode=pytest.ExitCode.INTERRUPTED)
         return True
-    supervisor = Supervisor(
-        session,
-        state,
-        settings.reliability,
-        run_dir=state.run_dir,
-        attempt=state.attempt,
-        cell_timeout_s=settings.cell_timeout_s,
-    )
-    try:
-        for group in groups(session.items, engine_of):
-            if session.shouldstop or session.shouldfail or state.fatal_error:
-                break
-            if group.engine is None:
-                _run_inline(session, group.items)
-            else:
-                supervisor.run_group(group.engine, group.items)
-    finally:
-        supervisor.close()
+    run_isolated(session, state, settings)
     if state.fatal_error:
         pytest.exit(redact_text(state.fatal_error), returncode=pytest.ExitCode.INTERRUPTED)
     return True
-
-
-def _run_inline(session: pytest.Session, items: tuple[pytest.Item, ...]) -> None:
-    for i, item in enumerate(items):
-        nextitem = items[i + 1] if i + 1 < len(items) else None
-        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
-        if session.shouldstop or session.shouldfail:
-            return
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

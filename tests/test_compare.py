@@ -93,9 +93,7 @@ def write_run(
 ) -> Path:
     run_dir = root / run_id
     (run_dir / store.CELLS).mkdir(parents=True)
-    ids = [r.cell_id for r in records] + [
-        c for c in planned if c not in {r.cell_id for r in records}
-    ]
+    ids = list(dict.fromkeys([r.cell_id for r in records] + list(planned)))
     manifest = Manifest(
         run_id=run_id,
         state="complete",
@@ -105,7 +103,7 @@ def write_run(
             PlannedCell(cell_id=c, workload="batching", engine="fake", params={}, nodeid=f"t::{c}")
             for c in ids
         ),
-        statuses={r.cell_id: r.status for r in records},
+        statuses={r.slot: r.status for r in records},
     )
     store.write_manifest(run_dir, manifest)
     for record in records:
@@ -169,17 +167,26 @@ def test_a_a_same_distribution_is_not_significant(tmp_path: Path) -> None:
 
 def test_thirty_percent_slower_is_a_regression(tmp_path: Path) -> None:
     slow = CELLS[1]
-    result = compare_runs(
-        run_of(tmp_path, "base", seed=1), run_of(tmp_path, "new", seed=2, factors={slow: 1.3})
+    base, new = (
+        run_of(tmp_path, "base", seed=1),
+        run_of(tmp_path, "new", seed=2, factors={slow: 1.3}),
     )
+    result = compare_runs(base, new, fail_within_run=True)
     assert result.exit_code == 1
     p50 = figure(result, slow, "p50")
-    assert (p50.outcome, p50.verdict) == ("regression", "slower")
+    assert (p50.outcome, p50.verdict) == ("regression", "slower (within-run only)")
+    assert p50.basis == "within-run"
     assert 0.25 < num(p50.change) < 0.35
     assert 0.2 < ci(p50)[0] < 0.3 < ci(p50)[1] < 0.4
     assert num(p50.p_adjusted) < 1e-6
-    assert any(r.startswith(f"{slow}: p50 slower +") for r in result.regressions)
+    assert any(r.startswith(f"{slow}: p50 slower (within-run only) +") for r in result.regressions)
     assert "regression" in result.reason
+    # judged within one run only, it is reported but does not fail by default
+    default = compare_runs(base, new)
+    assert (default.exit_code, default.regressions) == (0, ())
+    assert figure(default, slow, "p50").outcome == "regression"
+    # and in plain words: which way it moved, no "slower" verdict between runs
+    assert figure(default, slow, "p50").verdict == "higher (within-run only)"
     # the other cells did not move
     assert {figure(result, c, "p50").outcome for c in (CELLS[0], CELLS[2])} == {"no change"}
 
@@ -193,7 +200,7 @@ def test_thirty_percent_faster_is_an_improvement(tmp_path: Path) -> None:
     assert result.reason == "no significant regression"
     for label in ("p50", "p99"):
         m = figure(result, fast, label)
-        assert (m.outcome, m.verdict) == ("improvement", "faster")
+        assert (m.outcome, m.verdict) == ("improvement", "lower (within-run only)")
         assert -0.3 < num(m.change) < -0.17  # 1/1.3 - 1 = -23 %
         assert ci(m)[1] < 0
 
@@ -214,7 +221,7 @@ def test_small_detectable_shift_stays_below_the_threshold(tmp_path: Path) -> Non
     )
     assert result.exit_code == 0
     # a 1 % threshold calls it
-    strict = compare_runs(base, new, threshold=0.01)
+    strict = compare_runs(base, new, threshold=0.01, fail_within_run=True)
     assert figure(strict, CELLS[0], "p50").outcome == "regression"
     assert strict.exit_code == 1
 
@@ -224,7 +231,8 @@ def test_figures_without_samples_or_direction_are_reported_not_tested(tmp_path: 
     rec = ok_record(CELLS[0], "new", latencies(5, n=1000))  # half the requests: tput -50 %
     result = compare_runs(base, write_run(tmp_path, "new", [rec]))
     tput = figure(result, CELLS[0], "tput")
-    assert (tput.outcome, tput.verdict) == ("not tested", "not tested: no raw samples")
+    assert tput.outcome == "not tested"
+    assert tput.verdict == "not tested: no raw samples; --repeats tests it"
     assert (tput.base, tput.new, tput.change) == (200.0, 100.0, -0.5)
     assert (tput.direction, tput.p, tput.ci95) == ("higher", None, None)
     batch = figure(result, CELLS[0], "batch")
@@ -245,7 +253,8 @@ def test_mean_uses_welch_and_samples_must_reproduce_the_figure(tmp_path: Path) -
     new = ok_record(CELLS[0], "new", new_e2e, headline=headline, metrics={"e2e": tampered})
     result = compare_runs(write_run(tmp_path, "base", [base]), write_run(tmp_path, "new", [new]))
     mean = figure(result, CELLS[0], "mean")
-    assert (mean.test, mean.outcome, mean.verdict) == ("welch-t", "regression", "slower")
+    assert (mean.test, mean.outcome) == ("welch-t", "regression")
+    assert mean.verdict == "higher (within-run only)"
     assert 0.25 < num(mean.change) < 0.35
     p50 = figure(result, CELLS[0], "p50")
     assert p50.verdict == "not tested: samples['e2e'] do not reproduce the recorded value"
@@ -420,11 +429,12 @@ def test_cli_prints_the_table_exits_one_and_writes_identical_json(tmp_path: Path
     new = run_of(tmp_path, "new", seed=2, factors={CELLS[2]: 1.3})
     outputs = []
     for name in ("one.json", "two.json"):
-        code, text = run_cli(["compare", str(base), str(new), "--json", str(tmp_path / name)])
+        argv = ["compare", str(base), str(new), "--fail-within-run"]
+        code, text = run_cli([*argv, "--json", str(tmp_path / name)])
         assert code == 1
         outputs.append(text)
     text = outputs[0]
-    assert f"regression: {CELLS[2]}: p50 slower +" in text
+    assert f"regression: {CELLS[2]}: p50 slower (within-run only) +" in text
     assert "not tested: no raw samples" in text
     assert "exit 1: 2 significant regression(s)" in text  # p50 and p99
     assert "threshold 5%" in text
@@ -434,6 +444,14 @@ def test_cli_prints_the_table_exits_one_and_writes_identical_json(tmp_path: Path
     assert (loaded.exit_code, loaded.base_run, loaded.new_run) == (1, "base", "new")
     assert loaded == Comparison.model_validate_json(two)
     assert json.loads(one)["regressions"] == list(loaded.regressions)
+    # without --fail-within-run the same changes are listed as within-run only, exit 0
+    code, text = run_cli(["compare", str(base), str(new)])
+    assert code == 0
+    assert "2 significant change(s) judged within one run only" in text
+    assert "they do not fail it (--fail-within-run would)" in text
+    assert f"  {CELLS[2]}: p99 higher (within-run only) +" in text
+    assert "slower" not in text
+    assert "judged on: within-run). exit 0: no significant regression" in text
 
 
 def test_cli_options_and_errors(tmp_path: Path) -> None:
@@ -446,7 +464,8 @@ def test_cli_options_and_errors(tmp_path: Path) -> None:
     assert "cannot compare (fails closed)" in text
     assert "packages.numpy: '2.4.6' != '2.5.0'" in text
     argv = ["compare", str(base), str(new), "--allow-env-diff", "packages.onnxruntime"]
-    code, text = run_cli([*argv, "--allow-env-diff", "packages.numpy", "--threshold", "1"])
+    more = ["--allow-env-diff", "packages.numpy", "--threshold", "1", "--fail-within-run"]
+    code, text = run_cli([*argv, *more])
     assert code == 1  # the 4 % shift is called under a 1 % threshold
     assert "accepted environment difference: packages.numpy: '2.4.6' != '2.5.0'" in text
     code, text = run_cli(["compare", str(base), str(tmp_path / "missing")])
@@ -480,9 +499,172 @@ def test_a_latency_change_below_the_generators_lag_is_not_called(tmp_path, lag_p
     slow = latencies(2, 1.3) / 10
     base = ok_record(cell, "base", fast, metrics=_with_lag(fast, lag_p99_s))
     new = ok_record(cell, "new", slow, metrics=_with_lag(slow, lag_p99_s / 2))
-    result = compare_runs(write_run(tmp_path, "base", [base]), write_run(tmp_path, "new", [new]))
+    base_dir, new_dir = write_run(tmp_path, "base", [base]), write_run(tmp_path, "new", [new])
+    result = compare_runs(base_dir, new_dir, fail_within_run=True)
     p50 = next(m for m in result.cells[0].metrics if m.label == "p50")
     assert p50.verdict.startswith(verdict)
     assert p50.floor == pytest.approx(lag_p99_s * 1e3)  # in the figure's unit (ms)
     assert 0.2 < p50.change < 0.4
     assert result.exit_code == (0 if lag_p99_s > 0.001 else 1)
+
+
+# --- repeats, and what is not comparable ----------------------------------------------
+
+SATURATED = "saturated: completed 2975 req/s of 3500 offered (85%); latency grows with the window"
+
+
+def repeated_run(
+    root: Path,
+    run_id: str,
+    *,
+    seed: int,
+    factor: float = 1.0,
+    drift: tuple[float, ...] = (1.0, 1.07, 0.95),
+    warnings: tuple[str, ...] = (),
+) -> Path:
+    """One cell measured once per ``drift``; each repeat's scale differs by a few percent, as
+    separate processes on a shared machine do, which the requests of one repeat cannot show."""
+    repeats = len(drift)
+    records = [
+        ok_record(
+            CELLS[0],
+            run_id,
+            latencies(seed * 10 + r, factor * drift[r], n=2000 - 30 * r - seed),
+            repeat=r + 1,
+            validity=ValidityInfo(verdict="valid", warnings=warnings),
+        )
+        for r in range(repeats)
+    ]
+    return write_run(root, run_id, records)
+
+
+def test_a_a_with_repeats_is_judged_between_repeats_and_passes(tmp_path: Path) -> None:
+    base = repeated_run(tmp_path, "base", seed=1)
+    new = repeated_run(tmp_path, "new", seed=2, drift=(1.08, 0.96, 1.01))
+    # within one repeat each, the 8 % between the first repeats is "significant"
+    within = compare_runs(
+        write_run(
+            tmp_path, "b1", [store.read_records(base)[0].model_copy(update={"run_id": "b1"})]
+        ),
+        write_run(tmp_path, "n1", [store.read_records(new)[0].model_copy(update={"run_id": "n1"})]),
+        fail_within_run=True,
+    )
+    result = compare_runs(base, new)
+    assert result.exit_code == 0, result.reason
+    tested = figures_tested(result)
+    assert {m.label for m in tested} == {"p50", "p99", "tput"}  # tput too: one per repeat
+    assert {(m.basis, m.test, m.n_base, m.n_new) for m in tested} == {  # n: repeats
+        ("repeats", "welch-t-repeats", 3, 3)
+    }
+    assert {m.outcome for m in tested} == {"no change"}
+    p50 = figure(result, CELLS[0], "p50")
+    assert ci(p50)[0] < 0 < ci(p50)[1]
+    # the figure shown is the mean over the repeats
+    values = [r.metric("e2e.p50") * 1e3 for r in store.read_records(base)]
+    assert num(p50.base) == pytest.approx(float(np.mean(values)))
+    assert within.exit_code == 1  # what judging on one run's requests alone would have said
+
+
+def test_a_real_change_is_detected_between_repeats_with_the_right_sign(tmp_path: Path) -> None:
+    base = repeated_run(tmp_path, "base", seed=1)
+    slower = repeated_run(tmp_path, "new", seed=2, factor=2.0)
+    result = compare_runs(base, slower)
+    assert result.exit_code == 1  # no --fail-within-run needed: judged between repeats
+    p50 = figure(result, CELLS[0], "p50")
+    assert (p50.outcome, p50.verdict, p50.basis) == ("regression", "slower", "repeats")
+    assert 0.8 < num(p50.change) < 1.2
+    assert 0.5 < ci(p50)[0] < num(p50.change) < ci(p50)[1] < 1.5
+    faster = compare_runs(slower, base)
+    assert faster.exit_code == 0
+    assert figure(faster, CELLS[0], "p50").verdict == "faster"
+
+
+def test_saturated_latency_is_not_comparable_but_throughput_is(tmp_path: Path) -> None:
+    base = repeated_run(tmp_path, "base", seed=1)
+    new = repeated_run(tmp_path, "new", seed=2, factor=1.6, warnings=(SATURATED,))
+    result = compare_runs(base, new)
+    assert result.exit_code == 0, result.reason
+    for label in ("p50", "p99"):
+        m = figure(result, CELLS[0], label)
+        assert (m.outcome, m.verdict) == ("not comparable", "not comparable: saturated in NEW")
+        assert (m.p, m.ci95, m.basis) == (None, None, None)
+    tput = figure(result, CELLS[0], "tput")
+    assert (tput.outcome, tput.basis) == ("no change", "repeats")
+    # the same without repeats: still not comparable, and said so in the summary
+    one = compare_runs(
+        write_run(tmp_path, "b1", [ok_record(CELLS[0], "b1", latencies(1))]),
+        write_run(
+            tmp_path,
+            "n1",
+            [
+                ok_record(
+                    CELLS[0],
+                    "n1",
+                    latencies(2, 1.6),
+                    validity=ValidityInfo(verdict="valid", warnings=(SATURATED,)),
+                )
+            ],
+        ),
+        fail_within_run=True,
+    )
+    assert one.exit_code == 0
+    assert figure(one, CELLS[0], "p99").verdict == "not comparable: saturated in NEW"
+    code, text = run_cli(["compare", str(tmp_path / "b1"), str(tmp_path / "n1")])
+    assert code == 0
+    assert "2 not comparable" in text
+
+
+def test_a_cell_invalid_for_a_measurement_reason_is_not_a_regression(tmp_path: Path) -> None:
+    lagged = (
+        "load-generator lag p99 7.2 ms > bound 5 ms: the client, not the system, set the timing"
+    )
+    failing = "error rate 3.00% > ceiling 1.00% (30 of 1000 requests failed)"
+    base = write_run(
+        tmp_path, "base", [ok_record(c, "base", latencies(i)) for i, c in enumerate(CELLS[:2])]
+    )
+    invalid = [
+        ok_record(
+            cell,
+            "new",
+            latencies(9),
+            status=Status.INVALID,
+            reasons=(why,),
+            validity=ValidityInfo(verdict="invalid", reasons=(why,)),
+        )
+        for cell, why in zip(CELLS[:2], (lagged, failing), strict=True)
+    ]
+    result = compare_runs(base, write_run(tmp_path, "new", invalid))
+    by_id = {c.cell_id: c for c in result.cells}
+    assert by_id[CELLS[0]].outcome == "not comparable"
+    assert by_id[CELLS[0]].note == f"ok in BASE, invalid in NEW: {lagged}"
+    assert by_id[CELLS[1]].outcome == "status regression"  # failed requests are the system's
+    assert result.regressions == (f"{CELLS[1]}: ok in BASE, invalid in NEW: {failing}",)
+    assert result.exit_code == 1
+
+
+def test_a_failed_repeat_is_not_hidden_behind_an_ok_one(tmp_path: Path) -> None:
+    base = repeated_run(tmp_path, "base", seed=1)
+    new = repeated_run(tmp_path, "new", seed=2)
+    broken = records_factory.record(CELLS[0], run_id="new", engine="fake", status=Status.CRASHED)
+    store.write_record(new, broken.model_copy(update={"repeat": 2, "attempt": 2}))
+    result = compare_runs(base, new)
+    assert result.cells[0].outcome == "status regression"
+    assert result.cells[0].new_status == "crashed"
+    assert result.exit_code == 1
+
+
+def test_between_repeats_known_answer() -> None:
+    xs, ys = np.array([10.0, 11.0, 12.0]), np.array([20.0, 22.0, 24.0])
+    est = stats.between_repeats(xs, ys)
+    assert not isinstance(est, str)
+    assert est.change == pytest.approx(1.0)
+    welch = __import__("scipy").stats.ttest_ind(ys, xs, equal_var=False)
+    assert est.p == pytest.approx(float(welch.pvalue))
+    ci_diff = welch.confidence_interval(0.95)
+    assert est.ci95 == pytest.approx((ci_diff.low / 11.0, ci_diff.high / 11.0))
+    assert (
+        stats.between_repeats(xs[:1], ys) == "needs 2 or more repeats on both sides (BASE 1, NEW 3)"
+    )
+    flat = stats.between_repeats(np.ones(3), np.ones(3) * 2)
+    assert isinstance(flat, str)
+    assert flat.startswith("no spread")

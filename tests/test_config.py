@@ -6,15 +6,8 @@ import pytest
 
 from harness.exceptions import UsageError
 from harness.results.records import Manifest
-from harness.session.config import (
-    PROFILES,
-    ClientsOn,
-    Dist,
-    Distribution,
-    ProfileName,
-    parse_dist,
-    parse_settings,
-)
+from harness.session.config import PROFILES, ProfileName, parse_settings
+from harness.session.execution import ClientsOn, Dist, Distribution, parse_dist
 from harness.session.state import check_resumable
 
 

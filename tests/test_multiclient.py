@@ -45,7 +45,8 @@ from harness.load.localclients import LocalProcesses, client_process
 from harness.load.stream_summary import summarize_stream
 from harness.metrics.streamtiming import RequestRecord
 from harness.metrics.validity import Verdict, judge
-from harness.session.config import PROFILES, Distribution, ProfileName, parse_settings
+from harness.session.config import PROFILES, ProfileName, parse_settings
+from harness.session.execution import Distribution
 from workloads.generative import LoadSource, launcher_for
 
 TICK = 1 / 1024  # times on a binary grid: shifting by powers of two is exact

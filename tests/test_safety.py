@@ -14,7 +14,7 @@ from harness.results.records import CellRecord, Status
 from harness.results.redact import MASK, redact, redact_text, secrets_in
 from harness.session.cell import make_cell_id
 from harness.session.child import describe_exit
-from harness.session.config import parse_size
+from harness.session.execution import parse_size
 from tests.support.records_factory import manifest, record
 
 

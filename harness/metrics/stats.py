@@ -215,7 +215,7 @@ def stage_breakdown(
 # --- significance of a change between two sample sets ---------------------------------
 
 Array = npt.NDArray[np.float64]
-TestName = Literal["mann-whitney-u", "welch-t"]
+TestName = Literal["mann-whitney-u", "welch-t", "welch-t-repeats"]
 
 RESAMPLES = 2000
 MEAN_CHUNK = 4_000_000
@@ -315,6 +315,35 @@ def estimate(stat: Statistic, xs: Array, ys: Array, rng: np.random.Generator) ->
         return "undefined for these samples (zero values or no spread)"
     agrees = np.sign(shift) == np.sign(change)
     return Estimate(change, (lo, hi), p, test, int(xs.size), int(ys.size), bool(agrees))
+
+
+def between_repeats(xs: Array, ys: Array, confidence: float = CONFIDENCE) -> Estimate | str:
+    """The change of a figure measured once per repeat (one value per worker process,
+    ``--repeats``) from the BASE values ``xs`` to the NEW values ``ys``: the ratio of the
+    means, Welch's t-test on the per-repeat values, and the Welch interval of the
+    difference of the means divided by the BASE mean; or why there is none.
+
+    Each repeat ran in its own process after the others, so the spread between repeats
+    holds what a run-to-run difference is made of (machine state, placement, neighbours),
+    which the spread of one run's requests does not (pyperf judges across its worker
+    processes for the same reason).
+    """
+    if xs.size < 2 or ys.size < 2:
+        return f"needs 2 or more repeats on both sides (BASE {xs.size}, NEW {ys.size})"
+    mx, my = float(xs.mean()), float(ys.mean())
+    if mx <= 0.0:
+        return "BASE value is not positive: no relative change"
+    vx, vy = float(xs.var(ddof=1)) / xs.size, float(ys.var(ddof=1)) / ys.size
+    se = math.sqrt(vx + vy)
+    if se == 0.0:
+        return "no spread between repeats to judge a change against"
+    # Welch-Satterthwaite degrees of freedom
+    df = (vx + vy) ** 2 / (vx**2 / (xs.size - 1) + vy**2 / (ys.size - 1))
+    t = (my - mx) / se
+    p = float(2.0 * sps.t.sf(abs(t), df))
+    half = float(sps.t.ppf(0.5 + confidence / 2.0, df)) * se
+    ci = ((my - mx - half) / mx, (my - mx + half) / mx)
+    return Estimate(my / mx - 1.0, ci, p, "welch-t-repeats", int(xs.size), int(ys.size), True)
 
 
 def resample(stat: Statistic, values: Array, rng: np.random.Generator) -> Array:

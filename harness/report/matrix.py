@@ -53,6 +53,8 @@ class Matrix:
     rows: tuple[Row, ...]
     skipped: tuple[Damaged, ...] = ()
     """Damaged files left out (``--skip-damaged``), listed with the matrix."""
+    repeats: int = 1
+    """How many times the run measured each cell (``--repeats``)."""
 
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(r.workload for r in self.rows))
@@ -79,7 +81,13 @@ def build(
         engines=engines,
         rows=tuple(Row(w, p, e) for (w, p), e in rows.items()),
         skipped=tuple(skipped),
+        repeats=_repeats(manifest),
     )
+
+
+def _repeats(manifest: Manifest) -> int:
+    value = manifest.settings.get("repeats", 1)
+    return value if isinstance(value, int) and value >= 1 else 1
 
 
 def fmt_number(value: float) -> str:
@@ -184,6 +192,13 @@ def to_markdown(matrix: Matrix) -> str:
     if matrix.skipped:
         n = len(matrix.skipped)
         lines += [f"**{n} damaged file(s) left out: see Skipped damaged files.**", ""]
+    if matrix.repeats > 1:
+        lines += [
+            f"Each cell was measured {matrix.repeats} times (--repeats), each time in a fresh"
+            " worker process; an entry shows one repeat: the first, or the first that went"
+            " worst. `python -m harness compare` judges changes on all of them.",
+            "",
+        ]
     for workload in matrix.workloads():
         rows = [r for r in matrix.rows if r.workload == workload]
         lines += _workload_table(workload, rows, matrix.engines)

@@ -25,8 +25,8 @@ from typing import TypeVar
 
 from harness.exceptions import RecordError
 from harness.results import lock
-from harness.results.records import CellRecord, Manifest
-from harness.results.store import CELLS, cell_path, read_cell_file, read_manifest
+from harness.results.records import CellRecord, Manifest, Status
+from harness.results.store import CELLS, read_cell_file, read_manifest, record_path
 
 SKIP_HINT = "--skip-damaged reports the rest and lists what it leaves out"
 NUMBER_WORDS = frozenset({"Infinity", "-Infinity", "NaN", "inf"})
@@ -74,16 +74,27 @@ class RunContents:
     path: Path
     manifest: Manifest
     attempts: tuple[CellRecord, ...]
-    """Every readable attempt of every cell, by cell id then attempt."""
+    """Every readable attempt of every cell, by cell id, repeat, then attempt."""
     skipped: tuple[Damaged, ...] = ()
     owner: lock.Owner | None = None
     """The live process writing the run, when one is."""
 
     @functools.cached_property
+    def repeats(self) -> dict[str, tuple[CellRecord, ...]]:
+        """The latest attempt of each repeat of each cell (``--repeats``), by cell id then
+        repeat; a run without repeats holds one per cell."""
+        latest = {r.slot: r for r in self.attempts}  # attempts come in ascending order
+        out: dict[str, list[CellRecord]] = {}
+        for record in latest.values():
+            out.setdefault(record.cell_id, []).append(record)
+        return {cell_id: tuple(found) for cell_id, found in out.items()}
+
+    @functools.cached_property
     def records(self) -> tuple[CellRecord, ...]:
-        """The latest attempt of each cell, by cell id."""
-        latest = {r.cell_id: r for r in self.attempts}  # attempts come in ascending order
-        return tuple(latest.values())
+        """One record per cell, by cell id: the latest attempt, and of a repeated cell the
+        first repeat that went worst, so that a repeat that failed is never hidden behind
+        one that passed."""
+        return tuple(min(found, key=_rank) for found in self.repeats.values())
 
     @property
     def state(self) -> str:
@@ -91,7 +102,7 @@ class RunContents:
 
     def path_of(self, record: CellRecord) -> Path:
         # file names are checked against their content when read, so this is its file
-        return cell_path(self.path, record.cell_id, record.attempt)
+        return record_path(self.path, record)
 
     def without(self, damaged: Iterable[Damaged]) -> RunContents:
         """These contents less the records in ``damaged``, which join ``skipped``."""
@@ -99,6 +110,16 @@ class RunContents:
         paths = {d.path for d in gone}
         kept = tuple(r for r in self.attempts if self.path_of(r) not in paths)
         return replace(self, attempts=kept, skipped=(*self.skipped, *gone))
+
+
+_WORST_FIRST = (Status.CRASHED, Status.TIMEOUT, Status.FAILED, Status.INVALID, Status.SKIPPED)
+
+
+def _rank(record: CellRecord) -> tuple[int, int]:
+    """Worse status first (crashed before failed before invalid before ok), then the
+    lower repeat."""
+    order = _WORST_FIRST.index(record.status) if record.status in _WORST_FIRST else 99
+    return order, record.repeat
 
 
 def run_state(manifest: Manifest, owner: lock.Owner | None, run_dir: Path) -> str:
@@ -129,7 +150,7 @@ def read_run_dir(run_dir: Path, *, skip_damaged: bool = False) -> RunContents:
             damaged.append(Damaged(path, _why(exc, path)))
     if damaged and not skip_damaged:
         raise DamagedRunError(damaged)
-    attempts = tuple(sorted(found, key=lambda r: (r.cell_id, r.attempt)))
+    attempts = tuple(sorted(found, key=lambda r: (r.cell_id, r.repeat, r.attempt)))
     return RunContents(run_dir, manifest, attempts, tuple(damaged), lock.owner(run_dir))
 
 

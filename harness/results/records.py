@@ -22,9 +22,10 @@ from harness.results.model import Frozen
 from harness.results.redact import redact
 from harness.results.reportspec import ReportSpec
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
+REPEAT_SEP = "@"  # not an id character, so ``<cell-id>@N`` parses one way only
 
 ParamValue = str | int | float | bool | None
 
@@ -45,6 +46,11 @@ class Status(enum.StrEnum):
     TIMEOUT = "timeout"
     CRASHED = "crashed"
     SKIPPED = "skipped"
+
+
+def slot(cell_id: str, repeat: int = 1) -> str:
+    """Where one repeat of a cell is kept: the cell id for the first, ``<cell-id>@N`` after."""
+    return cell_id if repeat == 1 else f"{cell_id}{REPEAT_SEP}{repeat}"
 
 
 def check_id(value: str) -> str:
@@ -94,6 +100,9 @@ class CellRecord(Frozen):
     validity: ValidityInfo | None = None
     attempt: int = 1
     """1 for the run's first try at the cell; each ``--resume`` that reruns it adds one."""
+    repeat: int = 1
+    """Which of the run's ``--repeats`` measurements of the cell this is (1 without
+    repeats); each repeat ran in a fresh worker process."""
     stderr_tail: tuple[str, ...] = ()
     """The last lines the engine's process wrote (crashed and timed-out cells), redacted."""
     telemetry: dict[str, Any] = Field(default_factory=dict)
@@ -132,11 +141,15 @@ class CellRecord(Frozen):
             raise ValueError(f"a {self.status} record must say why")
         if self.duration_s < 0:
             raise ValueError("duration_s must be >= 0")
-        if self.attempt < 1:
-            raise ValueError("attempt counts from 1")
+        if self.attempt < 1 or self.repeat < 1:
+            raise ValueError("attempt and repeat count from 1")
         if self.single_stream is not None and self.single_stream not in self.samples:
             raise ValueError(f"single_stream names {self.single_stream!r}, which is not a sample")
         return self
+
+    @property
+    def slot(self) -> str:
+        return slot(self.cell_id, self.repeat)
 
     def metric(self, path: str) -> Any:
         """Value at a dotted path in ``metrics`` (None when absent)."""
@@ -195,6 +208,7 @@ class Manifest(Frozen):
     environment: dict[str, Any] = Field(default_factory=dict)
     planned: tuple[PlannedCell, ...] = ()
     statuses: dict[str, Status] = Field(default_factory=dict)
+    """By slot: the cell id, or ``<cell-id>@N`` for repeat N > 1 (``--repeats``)."""
     attempt: int = 1
     """How many sessions have worked on this run: 1, plus one per ``--resume``."""
     incidents: tuple[str, ...] = ()
@@ -242,6 +256,11 @@ def _v5_to_v6(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 6}
 
 
+def _v6_to_v7(data: dict[str, Any]) -> dict[str, Any]:
+    """v7 added record ``repeat``; a v6 record was the one measurement of its cell."""
+    return {**data, "schema_version": 7}
+
+
 # schema_version -> function turning a dict of that version into the next version.
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
@@ -249,6 +268,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     3: _v3_to_v4,
     4: _v4_to_v5,
     5: _v5_to_v6,
+    6: _v6_to_v7,
 }
 
 

@@ -5,6 +5,8 @@ Layout::
     <results-dir>/<run-id>/manifest.json       every planned cell; completed last
     <results-dir>/<run-id>/cells/<cell-id>.json one record per cell, written once
     <results-dir>/<run-id>/cells/<cell-id>~N.json   attempt N (N > 1) after ``--resume``
+    <results-dir>/<run-id>/cells/<cell-id>@R.json   repeat R (R > 1) with ``--repeats``
+    <results-dir>/<run-id>/cells/<cell-id>@R~N.json attempt N of repeat R
     <results-dir>/<run-id>/logs/                  engine worker output (redacted)
 
 A record is written to a temporary file in the same directory, fsynced, then
@@ -24,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from harness.exceptions import RecordError, RecordExists, StorageError
-from harness.results.records import CellRecord, M, Manifest, check_id, dump, read
+from harness.results.records import CellRecord, M, Manifest, check_id, dump, read, slot
 
 MANIFEST = "manifest.json"
 CELLS = "cells"
@@ -110,13 +112,17 @@ def replace(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def cell_path(run_dir: Path, cell_id: str, attempt: int = 1) -> Path:
+def cell_path(run_dir: Path, cell_id: str, attempt: int = 1, repeat: int = 1) -> Path:
     suffix = "" if attempt == 1 else f"{ATTEMPT_SEP}{attempt}"
-    return run_dir / CELLS / f"{check_id(cell_id)}{suffix}.json"
+    return run_dir / CELLS / f"{slot(check_id(cell_id), repeat)}{suffix}.json"
+
+
+def record_path(run_dir: Path, record: CellRecord) -> Path:
+    return cell_path(run_dir, record.cell_id, record.attempt, record.repeat)
 
 
 def write_record(run_dir: Path, record: CellRecord) -> Path:
-    path = cell_path(run_dir, record.cell_id, record.attempt)
+    path = record_path(run_dir, record)
     write_new(path, dump(record))
     return path
 
@@ -150,27 +156,28 @@ def read_cell_file(path: Path) -> CellRecord:
     """One record file; RecordError naming it if it cannot be read, parsed, or is not
     under its own name."""
     record = _read(CellRecord, path)
-    if path.name != cell_path(path.parent.parent, record.cell_id, record.attempt).name:
+    if path.name != record_path(path.parent.parent, record).name:
         raise RecordError(
-            f"{path}: holds cell {record.cell_id!r} attempt {record.attempt}; the file name"
-            " does not match (renamed or planted?)"
+            f"{path}: holds cell {record.cell_id!r} repeat {record.repeat} attempt"
+            f" {record.attempt}; the file name does not match (renamed or planted?)"
         )
     return record
 
 
 def read_all_records(run_dir: Path) -> list[CellRecord]:
-    """Every record of a run, every attempt, by cell id then attempt; a bad file is an error."""
+    """Every record of a run, every repeat and attempt, by cell id, repeat, then attempt; a
+    bad file is an error."""
     cells = run_dir / CELLS
     if not cells.is_dir():
         raise FileNotFoundError(f"{run_dir} has no {CELLS}/ directory")
     paths = [p for p in cells.iterdir() if p.suffix == ".json" and not p.name.startswith(".")]
     found = [read_cell_file(p) for p in paths]
-    return sorted(found, key=lambda r: (r.cell_id, r.attempt))
+    return sorted(found, key=lambda r: (r.cell_id, r.repeat, r.attempt))
 
 
 def read_records(run_dir: Path) -> list[CellRecord]:
-    """The latest attempt of every cell of a run, sorted by cell id."""
+    """The latest attempt of every repeat of every cell of a run, by cell id and repeat."""
     latest: dict[str, CellRecord] = {}
     for record in read_all_records(run_dir):
-        latest[record.cell_id] = record  # attempts come in ascending order
+        latest[record.slot] = record  # attempts come in ascending order
     return list(latest.values())

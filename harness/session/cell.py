@@ -130,6 +130,7 @@ class Cell:
     engine_info: dict[str, Any] = field(default_factory=dict)
     result: CellResult | None = None
     attempt: int = 1
+    repeat: int = 1
     telemetry: dict[str, Any] = field(default_factory=dict)
     sampler: Telemetry | None = None
     report_spec: ReportSpec | None = None
@@ -220,6 +221,7 @@ class Cell:
             headline=res.headline if res else (),
             validity=self._validity(res.validity) if res and keep else None,
             attempt=self.attempt,
+            repeat=self.repeat,
             stderr_tail=tuple(stderr_tail),
             telemetry=self.telemetry,
             slow_requests=self._slow() if keep else (),

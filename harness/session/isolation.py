@@ -31,7 +31,7 @@ import pytest
 from harness.results.records import Status
 from harness.results.store import LOGS
 from harness.session.child import Child, Event, describe_exit, spawn
-from harness.session.config import Reliability
+from harness.session.execution import Reliability
 from harness.session.worker import WorkerSpec, worker_argv
 
 POLL_S = 0.5
@@ -43,7 +43,7 @@ STOPPED = 2  # pytest's "interrupted": normal when the worker stopped itself on 
 class Recorder(Protocol):
     """What the controller needs from the plugin's run state."""
 
-    def note(self, cell_id: str, status: Status) -> None: ...
+    def note(self, cell_id: str, status: Status, repeat: int = 1) -> None: ...
 
     def lost(
         self, item: pytest.Item, status: Status, reasons: list[str], tail: Sequence[str]
@@ -135,6 +135,8 @@ class Supervisor:
             psutil.virtual_memory().total * MEMORY_SHARE
         )
         self.spawned = 0
+        self.repeat = 1
+        """The repeat (``--repeats``) the next workers measure; each pass has its own."""
         self.log = run_dir / LOGS
         # Worker specs are instructions, not results: they stay out of the results directory.
         self.scratch = Path(tempfile.mkdtemp(prefix="harness-workers-"))
@@ -199,13 +201,15 @@ class Supervisor:
         logs = self.run_dir / LOGS
         with contextlib.suppress(OSError):  # a full disk is reported by the record writes
             logs.mkdir(exist_ok=True)
-        stem = f"attempt{self.attempt_no}-worker{self.spawned}-{engine}"
+        again = f"-repeat{self.repeat}" if self.repeat > 1 else ""
+        stem = f"attempt{self.attempt_no}{again}-worker{self.spawned}-{engine}"
         spec_path = self.scratch / f"{stem}.spec.json"
         WorkerSpec(
             self.run_dir,
             tuple(i.nodeid for i in items),
             self.attempt_no,
             tuple(i.path for i in items),
+            self.repeat,
         ).dump(spec_path)
         self.log = logs / f"{stem}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -417,7 +421,9 @@ class Watch:
         config.hook.pytest_runtest_logreport(report=report)
 
     def _on_record(self, data: dict[str, Any]) -> None:
-        self.sup.recorder.note(data["cell_id"], Status(data["status"]))
+        self.sup.recorder.note(
+            data["cell_id"], Status(data["status"]), int(data.get("repeat", self.sup.repeat))
+        )
         if self.flight is not None:
             self.flight.recorded = True
 

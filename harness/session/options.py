@@ -12,13 +12,8 @@ import pytest
 
 from harness.exceptions import UsageError
 from harness.results import redact
-from harness.session.config import (
-    ProfileName,
-    RunSettings,
-    parse_dist,
-    parse_reliability,
-    parse_settings,
-)
+from harness.session.config import ProfileName, RunSettings, parse_settings
+from harness.session.execution import parse_dist, parse_reliability
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -81,6 +76,15 @@ def add_options(parser: pytest.Parser) -> None:
         action="append",
         metavar="ENGINE.KEY=VALUE",
         help="adapter option, e.g. onnxruntime.intra_op_threads=2",
+    )
+    group.addoption(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="measure every cell N times, each time in a fresh worker process, cells"
+        " interleaved (all cells once, then again); compare then judges a change against"
+        " the spread between repeats rather than within one run (default: 1)",
     )
     group.addoption(
         "--clients",
@@ -309,6 +313,7 @@ def settings_from(config: pytest.Config) -> RunSettings:
             clients=opt("clients"),
             clients_on=opt("clients_on"),
             reliability=reliability,
+            repeats=opt("repeats"),
             dist=parse_dist(
                 mode=opt("dist"),
                 address=opt("ray_address"),

@@ -19,11 +19,19 @@ from harness.exceptions import RecordError, RecordExists, RunLocked, StorageErro
 from harness.results import provenance, reading, store
 from harness.results.environment import fingerprint
 from harness.results.lock import RunLock, acquire
-from harness.results.records import CellRecord, Manifest, ParamValue, PlannedCell, Status
+from harness.results.records import (
+    CellRecord,
+    Manifest,
+    ParamValue,
+    PlannedCell,
+    Status,
+    slot,
+)
 from harness.results.redact import redact_text
 from harness.results.reportspec import ReportSpec
 from harness.session.cell import REPORT_SPEC_MARK, Cell, make_cell_id
-from harness.session.config import Dist, RunSettings
+from harness.session.config import RunSettings
+from harness.session.execution import Dist
 from harness.session.worker import EventSink
 
 ENGINE_ARG = "engine_name"
@@ -84,13 +92,16 @@ class RunState:
     manifest: Manifest
     settings: RunSettings
     planned: dict[str, PlannedCell] = field(default_factory=dict)  # by nodeid
-    written: dict[str, Status] = field(default_factory=dict)  # by cell id, latest attempt
+    written: dict[str, Status] = field(default_factory=dict)  # by slot, latest attempt
     incidents: list[str] = field(default_factory=list)
     fatal_error: str | None = None
     sink: EventSink | None = None
     missing: list[str] = field(default_factory=list)
     lock: RunLock | None = None
     """The controller's hold on the run directory (harness.results.lock); workers have none."""
+    repeat: int = 1
+    """The repeat (``--repeats``) being measured now: the controller's current pass, or
+    the one a worker was started for."""
 
     @property
     def attempt(self) -> int:
@@ -106,6 +117,7 @@ class RunState:
             policy=self.settings.profile.policy,
             environment=fingerprint(),
             attempt=self.attempt,
+            repeat=self.repeat,
             report_spec=planned.report_spec,
         )
 
@@ -122,9 +134,14 @@ class RunState:
             )
             stop = redact_text(self.fatal_error or str(exc))
             pytest.exit(stop, returncode=pytest.ExitCode.INTERRUPTED)
-        self.note(record.cell_id, record.status)
+        self.note(record.cell_id, record.status, record.repeat)
         if self.sink is not None:
-            self.sink.send("record", cell_id=record.cell_id, status=record.status.value)
+            self.sink.send(
+                "record",
+                cell_id=record.cell_id,
+                status=record.status.value,
+                repeat=record.repeat,
+            )
 
     def adopt(self, record: CellRecord) -> None:
         """A record measured elsewhere (a Ray node, harness.dist.raydist) joins this run."""
@@ -136,11 +153,15 @@ class RunState:
         except StorageError as exc:
             self.fatal(f"{exc}. Finished records are kept; finish the run with --resume")
             return
-        self.note(record.cell_id, record.status)
+        self.note(record.cell_id, record.status, record.repeat)
+
+    def done(self, cell_id: str, repeat: int) -> bool:
+        """Whether that repeat of the cell has an ok record (then a resume skips it)."""
+        return self.written.get(slot(cell_id, repeat)) is Status.OK
 
     # -- the Recorder protocol of harness.session.isolation ------------------------------------
-    def note(self, cell_id: str, status: Status) -> None:
-        self.written[cell_id] = status
+    def note(self, cell_id: str, status: Status, repeat: int = 1) -> None:
+        self.written[slot(cell_id, repeat)] = status
 
     def lost(
         self, item: pytest.Item, status: Status, reasons: list[str], tail: Sequence[str]
@@ -165,8 +186,14 @@ class RunState:
     # -- the manifest ------------------------------------------------------------------
     @property
     def unrecorded(self) -> list[str]:
-        """Planned cells without a record of any attempt, in plan order."""
-        return [c.cell_id for c in self.manifest.planned if c.cell_id not in self.written]
+        """Planned cells (and repeats, as ``<cell-id>@N``) without a record of any attempt,
+        in plan order."""
+        slots = (
+            slot(c.cell_id, r)
+            for c in self.manifest.planned
+            for r in range(1, self.settings.repeats + 1)
+        )
+        return [s for s in slots if s not in self.written]
 
     def finish(self, interrupted: bool) -> Manifest:
         complete = not self.unrecorded and not interrupted
@@ -218,8 +245,8 @@ def start_run(settings: RunSettings, cells: Sequence[PlannedCell]) -> RunState:
 
 
 def read_run(run_dir: Path) -> tuple[Manifest, dict[str, Status]]:
-    """A run's manifest and the latest status of each cell; a bad, planted or foreign file
-    is a usage error (resuming would build on it)."""
+    """A run's manifest and the latest status of each cell's repeat (by slot); a bad,
+    planted or foreign file is a usage error (resuming would build on it)."""
     try:
         contents = reading.read_run_dir(run_dir)
         manifest = contents.manifest
@@ -233,13 +260,15 @@ def read_run(run_dir: Path) -> tuple[Manifest, dict[str, Status]]:
         ) from None
     except (RecordError, OSError) as exc:
         raise UsageError(f"--resume {run_dir}: {exc}") from None
-    return manifest, {r.cell_id: r.status for r in contents.records}
+    latest = {r.slot: r.status for rs in contents.repeats.values() for r in rs}
+    return manifest, latest
 
 
 SETTINGS_ADDED_LATER: dict[str, object] = {
     "clients": 1,
     "clients_on": "local",
     "dynamic_batch": False,
+    "repeats": 1,
 }
 """Settings newer than some run directories, with the value older runs measured with."""
 

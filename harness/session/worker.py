@@ -128,6 +128,7 @@ class WorkerSpec:
     nodeids: tuple[str, ...]
     attempt: int
     paths: tuple[Path, ...] = ()
+    repeat: int = 1
 
     def dump(self, path: Path) -> None:
         data = {
@@ -135,6 +136,7 @@ class WorkerSpec:
             "nodeids": list(self.nodeids),
             "attempt": self.attempt,
             "paths": [str(p) for p in self.paths],
+            "repeat": self.repeat,
         }
         path.write_text(json.dumps(data))
 
@@ -142,7 +144,13 @@ class WorkerSpec:
     def load(cls, path: Path) -> WorkerSpec:
         data = json.loads(path.read_text())
         paths = tuple(Path(p) for p in data.get("paths", ()))
-        return cls(Path(data["run_dir"]), tuple(data["nodeids"]), data["attempt"], paths)
+        return cls(
+            Path(data["run_dir"]),
+            tuple(data["nodeids"]),
+            data["attempt"],
+            paths,
+            int(data.get("repeat", 1)),
+        )
 
 
 class EventSink:

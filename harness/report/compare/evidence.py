@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from harness.exceptions import RecordError
-from harness.metrics import stats
+from harness.metrics import stats, validity
 from harness.report import runset
 from harness.report.compare.model import (
     MISSING,
     TIME_UNITS,
+    Basis,
     CellComparison,
     CellOutcome,
     CompareError,
@@ -33,19 +34,19 @@ from harness.results.records import CellRecord, Headline, Manifest, Status
 from harness.results.store import MANIFEST
 
 SEED = 20_240_611
-REPRODUCE_ABS = 1e-7
-"""Records keep samples rounded to 7 decimals (stats.as_samples): a statistic recomputed
-from them may differ from the recorded one by half of that."""
 
 
 @dataclass(frozen=True)
 class Run:
     manifest: Manifest
     records: dict[str, CellRecord]
+    """One per cell (of a repeated cell, the repeat that went worst: RunContents.records)."""
+    repeats: dict[str, tuple[CellRecord, ...]]
+    """Every repeat of each cell (``--repeats``), by repeat; one where there were none."""
 
     @classmethod
     def of(cls, contents: RunContents) -> Run:
-        return cls(contents.manifest, {r.cell_id: r for r in contents.records})
+        return cls(contents.manifest, {r.cell_id: r for r in contents.records}, contents.repeats)
 
     @property
     def environment(self) -> dict[str, Any]:
@@ -140,6 +141,9 @@ def _status(b: CellRecord, n: CellRecord) -> tuple[CellOutcome, str]:
     if b.status is ok:
         # Skipped means not measured (an engine missing here), not measured worse.
         outcome: CellOutcome = "not measured in NEW" if n.status is skipped else "status regression"
+        if n.status is Status.INVALID and _measurement_only(n.reasons):
+            # the load generator or the window failed, not the system: nothing to judge
+            outcome = "not comparable"
         return outcome, f"ok in BASE, {n.status.value} in NEW: {'; '.join(n.reasons)}"
     if n.status is ok:
         return "now ok", f"{b.status.value} in BASE, ok in NEW"
@@ -147,6 +151,12 @@ def _status(b: CellRecord, n: CellRecord) -> tuple[CellOutcome, str]:
         "skipped on both sides" if b.status is n.status is skipped else "not ok on both sides"
     )
     return both, f"{b.status.value} in BASE, {n.status.value} in NEW"
+
+
+def _measurement_only(reasons: Sequence[str]) -> bool:
+    """Whether every reason a cell is invalid is about the measurement (the generator
+    lagged, too few samples, too short a window), none about the system (failed requests)."""
+    return bool(reasons) and len(validity.measurement_reasons(reasons)) == len(reasons)
 
 
 def coverage_problems(cells: Sequence[CellComparison], allow_missing: bool) -> list[str]:
@@ -194,12 +204,16 @@ class Pending:
 
     headline: Headline
     direction: Direction
-    base: float | None  # as recorded, unscaled
+    base: float | None  # as recorded (mean over repeats), unscaled
     new: float | None
     estimate: stats.Estimate | None
     why_not: str = ""
     floor_s: float | None = None
     """The larger generator-lag p99 of the two runs (latency figures only)."""
+    basis: Basis | None = None
+    comparable: bool = True
+    """False: a latency figure of a cell whose latency is no property of the system in
+    one of the runs (saturated, trending), so it is not compared at all."""
 
 
 def _number(value: object) -> float | None:
@@ -208,22 +222,58 @@ def _number(value: object) -> float | None:
     return None
 
 
-def measure(h: Headline, base: CellRecord, new: CellRecord) -> Pending:
+def _values(metric: str, records: Sequence[CellRecord]) -> list[float] | None:
+    found = [_number(r.metric(metric)) for r in records]
+    return None if any(v is None for v in found) else [v for v in found if v is not None]
+
+
+def _mean(values: list[float] | None) -> float | None:
+    return None if not values else float(np.mean(values))
+
+
+def measure(h: Headline, base: Sequence[CellRecord], new: Sequence[CellRecord]) -> Pending:
+    """One figure, from every repeat of the cell in each run: judged on the spread
+    between repeats where both runs have two or more, else within the first repeat's
+    requests only (``basis``)."""
+    repeats = len(base) >= 2 and len(new) >= 2
+    if not repeats:
+        base, new = base[:1], new[:1]
     way = direction(h.unit)
-    b, n = _number(base.metric(h.metric)), _number(new.metric(h.metric))
+    b, n = _mean(_values(h.metric, base)), _mean(_values(h.metric, new))
     why = _untestable(h, way, b, n)
     if why or b is None or n is None:
         return Pending(h, way, b, n, None, why)
-    found = _from_samples(h.metric, base, new, (b, n))
+    latency = h.unit.partition("/")[0] in TIME_UNITS
+    unstable = _unstable(base, new) if latency else ""
+    if unstable:
+        return Pending(h, way, b, n, None, unstable, comparable=False)
+    floor = _timing_floor([*base, *new]) if latency else None
+    if repeats:
+        found = _from_repeats(h.metric, base, new)
+    else:
+        found = _from_samples(h.metric, base[0], new[0], (b, n))
     if isinstance(found, str):
-        return Pending(h, way, b, n, None, found)
-    floor = _timing_floor(base, new) if h.unit in TIME_UNITS else None
-    return Pending(h, way, b, n, found, floor_s=floor)
+        return Pending(h, way, b, n, None, found, floor_s=floor)
+    basis: Basis = "repeats" if repeats else "within-run"
+    return Pending(h, way, b, n, found, floor_s=floor, basis=basis)
 
 
-def _timing_floor(base: CellRecord, new: CellRecord) -> float | None:
-    """The larger of the two records' declared generator timing error (lag p99)."""
-    paths = [(r, r.reporting().timing_floor) for r in (base, new)]
+def _unstable(base: Sequence[CellRecord], new: Sequence[CellRecord]) -> str:
+    """``saturated in BASE and NEW; ...``: what makes a run's latency no property of the
+    system, in the order validity.UNSTABLE_LATENCY lists them; "" when nothing does."""
+    sides: dict[str, list[str]] = {p.rstrip(":"): [] for p in validity.UNSTABLE_LATENCY}
+    for side, records in (("BASE", base), ("NEW", new)):
+        for r in records:
+            for w in validity.unstable_latency(r.validity.warnings if r.validity else ()):
+                found = sides.setdefault(w.split(":", 1)[0], [])
+                if side not in found:
+                    found.append(side)
+    return "; ".join(f"{kind} in {' and '.join(s)}" for kind, s in sides.items() if s)
+
+
+def _timing_floor(records: Sequence[CellRecord]) -> float | None:
+    """The largest declared generator timing error (lag p99) of the records."""
+    paths = [(r, r.reporting().timing_floor) for r in records]
     lags = [_number(r.metric(path)) for r, path in paths if path is not None]
     known = [v for v in lags if v is not None and math.isfinite(v)]
     return max(known) if known else None
@@ -241,22 +291,28 @@ def _untestable(h: Headline, way: Direction, b: float | None, n: float | None) -
     return ""
 
 
+def _from_repeats(
+    metric: str, base: Sequence[CellRecord], new: Sequence[CellRecord]
+) -> stats.Estimate | str:
+    xs, ys = _values(metric, base), _values(metric, new)
+    if xs is None or ys is None:
+        return "a repeat has no value"
+    return stats.between_repeats(np.asarray(xs), np.asarray(ys))
+
+
 def _from_samples(
     metric: str, base: CellRecord, new: CellRecord, recorded: tuple[float, float]
 ) -> stats.Estimate | str:
     stat = stats.statistic(metric)
     if stat is None or stat.key not in base.samples or stat.key not in new.samples:
-        return "no raw samples"
+        return "no raw samples; --repeats tests it"
     xs = np.asarray(base.samples[stat.key], dtype=np.float64)
     ys = np.asarray(new.samples[stat.key], dtype=np.float64)
     if not (np.all(np.isfinite(xs)) and np.all(np.isfinite(ys))):
         return "samples not finite"
     if not (stat.enough(xs) and stat.enough(ys)):
         return f"too few samples to bound it (BASE {xs.size}, NEW {ys.size})"
-    if not all(
-        math.isclose(stat.of(v), r, rel_tol=1e-9, abs_tol=REPRODUCE_ABS)
-        for v, r in ((xs, recorded[0]), (ys, recorded[1]))
-    ):
+    if not all(stats.reproduces(stat, v, r) for v, r in ((xs, recorded[0]), (ys, recorded[1]))):
         return f"samples[{stat.key!r}] do not reproduce the recorded value"
     rng = np.random.default_rng([SEED, zlib.crc32(f"{base.cell_id}\0{metric}".encode())])
     return stats.estimate(stat, xs, ys, rng)

@@ -20,10 +20,14 @@ TIME_UNITS = frozenset({"ns", "us", "µs", "ms", "s"})
 EXIT_OK, EXIT_REGRESSION, EXIT_CANNOT_COMPARE = 0, 1, 2
 
 Direction = Literal["lower", "higher", "none"]
-Outcome = Literal["regression", "improvement", "no change", "not tested"]
+Outcome = Literal["regression", "improvement", "no change", "not tested", "not comparable"]
+Basis = Literal["repeats", "within-run"]
+"""What a figure's test was judged on: the spread between ``--repeats`` (separate worker
+processes), or only the requests of one run on each side."""
 CellOutcome = Literal[
     "compared",
     "status regression",
+    "not comparable",
     "now ok",
     "not ok on both sides",
     "skipped on both sides",
@@ -59,13 +63,16 @@ class MetricComparison(Frozen):
     n_new: int = 0
     floor: float | None = None
     """The resolution floor in ``unit`` (generator lag p99), where one applies."""
+    basis: Basis | None = None
+    """None where the figure was not tested."""
     outcome: Outcome
     verdict: str
 
     @model_validator(mode="after")
     def _consistent(self) -> MetricComparison:
-        tested = (self.change, self.ci95, self.test, self.p, self.p_adjusted)
-        if self.outcome != "not tested" and any(v is None for v in tested):
+        tested = (self.change, self.ci95, self.test, self.p, self.p_adjusted, self.basis)
+        untested = self.outcome in ("not tested", "not comparable")
+        if not untested and any(v is None for v in tested):
             raise ValueError(f"a {self.outcome!r} figure needs a change, interval and p-value")
         if self.ci95 is not None and not self.ci95[0] <= self.ci95[1]:
             raise ValueError("ci95 must be [low, high]")
@@ -109,6 +116,9 @@ class Comparison(Frozen):
     resamples: int = stats.RESAMPLES
     allow_env: tuple[str, ...] = ()
     allow_missing: bool = False
+    fail_within_run: bool = False
+    """Whether a regression judged within one run only (no ``--repeats`` on both sides)
+    fails the comparison; by default it is reported and does not."""
     accepted_env_differences: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     """Why the runs cannot be compared; when there are any, no figure is compared."""
@@ -122,7 +132,7 @@ class Comparison(Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> Comparison:
-        if self.regressions != regressions_of(self.cells):
+        if self.regressions != regressions_of(self.cells, self.fail_within_run):
             raise ValueError("regressions do not match the cells")
         if (self.exit_code, self.reason) != exit_status(self.problems, self.regressions):
             raise ValueError(f"exit code {self.exit_code} does not follow from the comparison")
@@ -143,15 +153,33 @@ def is_worse(direction: Direction, change: float) -> bool:
     return (change > 0) == (direction == "lower")
 
 
-def regressions_of(cells: Iterable[CellComparison]) -> tuple[str, ...]:
+def regressions_of(cells: Iterable[CellComparison], fail_within_run: bool) -> tuple[str, ...]:
+    """What fails the comparison: status regressions, and figures significantly worse
+    (judged within one run only: just with ``fail_within_run``)."""
     out = []
     for cell in cells:
         if cell.outcome == "status regression":
             out.append(f"{cell.cell_id}: {cell.note}")
-        for m in cell.metrics:
-            if m.outcome == "regression" and m.change is not None:
-                out.append(f"{cell.cell_id}: {m.label} {m.verdict} {m.change * 100:+.1f}%")
+        out.extend(
+            f"{cell.cell_id}: {m.label} {m.verdict} {m.change * 100:+.1f}%"
+            for m in cell.metrics
+            if m.outcome == "regression"
+            and m.change is not None
+            and (fail_within_run or m.basis != "within-run")
+        )
     return tuple(out)
+
+
+def within_run_only(cells: Iterable[CellComparison]) -> tuple[str, ...]:
+    """Significant changes, either way, judged within one run only."""
+    return tuple(
+        f"{cell.cell_id}: {m.label} {m.verdict} {m.change * 100:+.1f}%"
+        for cell in cells
+        for m in cell.metrics
+        if m.outcome in ("regression", "improvement")
+        and m.basis == "within-run"
+        and m.change is not None
+    )
 
 
 def exit_status(problems: Sequence[str], regressions: Sequence[str]) -> tuple[int, str]:

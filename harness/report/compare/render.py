@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.report.compare.model import Comparison, MetricComparison
+from harness.report.compare.model import Comparison, MetricComparison, within_run_only
 from harness.report.matrix import fmt_number
 from harness.results import reading
 
@@ -16,7 +16,7 @@ def to_json(comparison: Comparison) -> bytes:
     return (comparison.model_dump_json(indent=1) + "\n").encode()
 
 
-_STYLE = {"regression": "red", "improvement": "green"}
+_STYLE = {"regression": "red", "improvement": "green", "not comparable": "yellow"}
 
 
 def _pct(value: float) -> str:
@@ -61,17 +61,37 @@ def _table(comparison: Comparison) -> Table:
 
 def _summary(c: Comparison) -> str:
     figures = [m for cell in c.cells for m in cell.metrics]
-    count = {o: sum(m.outcome == o for m in figures) for o in _STYLE | {"no change": 0}}
-    untested = sum(m.outcome == "not tested" for m in figures)
+    outcomes = ("regression", "improvement", "no change", "not tested", "not comparable")
+    count = {o: sum(m.outcome == o for m in figures) for o in outcomes}
     compared = sum(bool(cell.metrics) for cell in c.cells)
     status = sum(cell.outcome == "status regression" for cell in c.cells)
+    unjudged = sum(cell.outcome == "not comparable" for cell in c.cells)
+    bases = sorted({m.basis for m in figures if m.basis is not None})
     return (
-        f"{compared} cell(s) compared, {status} status regression(s); figures:"
-        f" {count['regression']} regression(s), {count['improvement']} improvement(s),"
-        f" {count['no change']} no significant change, {untested} not tested"
-        f" (threshold {c.threshold * 100:g}%, alpha {c.alpha:g}, Holm-adjusted)."
-        f" exit {c.exit_code}: {c.reason}"
+        f"{compared} cell(s) compared, {status} status regression(s), {unjudged} cell(s)"
+        f" not comparable; figures: {count['regression']} regression(s),"
+        f" {count['improvement']} improvement(s), {count['no change']} no significant"
+        f" change, {count['not comparable']} not comparable, {count['not tested']} not"
+        f" tested (threshold {c.threshold * 100:g}%, alpha {c.alpha:g}, Holm-adjusted;"
+        f" judged on: {', '.join(bases) or 'nothing'}). exit {c.exit_code}: {c.reason}"
     )
+
+
+def _within_run_lines(c: Comparison) -> list[str]:
+    found = within_run_only(c.cells)
+    if not found:
+        return []
+    gate = (
+        "they fail this comparison (--fail-within-run)"
+        if c.fail_within_run
+        else "they do not fail it (--fail-within-run would)"
+    )
+    head = (
+        f"{len(found)} significant change(s) judged within one run only: the requests of one"
+        " run share its machine state, so a test on them overstates significance between"
+        f" runs; run both with --repeats N (N >= 3) to judge them between runs; {gate}:"
+    )
+    return [head, *(f"  {line}" for line in found)]
 
 
 def render(comparison: Comparison, console: Console) -> None:
@@ -86,6 +106,8 @@ def render(comparison: Comparison, console: Console) -> None:
             console.print(f"  - {escape(problem)}", highlight=False)
     if comparison.cells:
         console.print(_table(comparison))
+    for line in _within_run_lines(comparison):
+        console.print(escape(line), highlight=False, soft_wrap=True)
     for regression in comparison.regressions:
         console.print(f"[red]regression:[/red] {escape(regression)}", soft_wrap=True)
     # one line however long: scripts and CI logs grep it
