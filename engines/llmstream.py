@@ -5,14 +5,47 @@ Each of them hands the adapter, per streamed step, the ids of the tokens new in 
 adapter). A chunk counts those ids, never one token per step: a step may carry several
 tokens (speculative decoding, a scheduler that batches steps) or none (a final step
 that only reports the finish).
+
+Chat requests are rendered here for the engines that take a prompt, not a conversation
+(vLLM, TensorRT-LLM): with the model's chat template, as their own OpenAI servers do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import SupportsInt
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, SupportsInt
 
-from harness.engine import Chunk
+from harness.engine import Chunk, EngineError, Message
+
+
+class NoChatTemplate(EngineError):
+    """A chat request to a model whose tokenizer has no chat template."""
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` (a Hugging Face tokenizer, or a wrapper that forwards
+    ``get_chat_template``) has a chat template of its own."""
+    try:
+        return bool(tokenizer.get_chat_template())
+    except (ValueError, AttributeError):
+        return False  # transformers: "... tokenizer.chat_template is not set ..."
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[Message], model: object) -> list[int]:
+    """The prompt ids of a chat request, rendered as vLLM's and TensorRT-LLM's OpenAI
+    servers render one: the chat template with the generation prompt, as text, then
+    tokenized without special tokens (the template writes the BOS itself, so it is not
+    added twice). A model without a chat template is refused (``NoChatTemplate``), never
+    sent the raw text."""
+    if not has_chat_template(tokenizer):
+        raise NoChatTemplate(
+            f"{model} has no chat template (its tokenizer defines none), so a chat request"
+            " cannot be rendered: send text or token-id prompts, or give a model whose"
+            " tokenizer has a chat template"
+        )
+    conversation = [{"role": m.role, "content": m.content} for m in messages]
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
 
 
 def delta_chunk(

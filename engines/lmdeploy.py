@@ -1,6 +1,10 @@
 """LMDeploy: an ``AsyncEngine`` with the TurboMind (default) or PyTorch backend, driven on
-the harness's own event loop and streaming raw prompts (``do_preprocess=False``: no chat
-template) or token ids.
+the harness's own event loop. Requests go in as LMDeploy's own api_server sends them:
+token ids as ``input_ids``, a text prompt raw (``do_preprocess=False``: no chat template,
+as its completions API), a chat conversation as OpenAI-format ``messages`` with
+``do_preprocess=True`` (LMDeploy applies the model's chat template, as its chat API).
+``ignore_eos`` is passed through; each chunk carries LMDeploy's ``input_token_len`` as
+the prompt's tokens.
 
 Why not ``lmdeploy.pipeline``: since 0.16 its ``Pipeline`` starts the engine on a private
 event-loop thread and its async ``generate`` is deprecated; awaited from another loop,
@@ -106,6 +110,16 @@ def prompt_arguments(prompt: str | tuple[int, ...]) -> dict[str, Any]:
     if isinstance(prompt, tuple):
         return {"messages": None, "input_ids": list(prompt)}
     return {"messages": prompt, "input_ids": None}
+
+
+def request_arguments(request: GenerationRequest) -> dict[str, Any]:
+    """``preprocess`` arguments for a request, as LMDeploy's api_server passes them: token
+    ids and text unrendered (``do_preprocess=False``), a chat conversation as
+    OpenAI-format messages rendered with the model's chat template (``do_preprocess``)."""
+    if request.kind == "chat":
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        return {"messages": messages, "input_ids": None, "do_preprocess": True}
+    return prompt_arguments(request.prompt) | {"do_preprocess": False}
 
 
 def to_chunk(out: Any) -> Chunk:
@@ -239,10 +253,9 @@ class LMDeployEngine:
         self._bind_loop()
         try:
             prepared = await self._engine.preprocess(
-                **prompt_arguments(request.prompt),
+                **request_arguments(request),
                 session_id=next(self._sessions),
                 gen_config=GenerationConfig(**generation_kwargs(request)),
-                do_preprocess=False,
             )
             # aclosing: a consumer that stops early must hand the session back at once
             stream = self._engine.generate(prepared, stream_response=True)

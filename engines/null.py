@@ -2,8 +2,9 @@
 
 ``null`` is a tensor engine: with ``service_time_s=0`` (the default) it returns at once,
 so what a cell measures is the harness; with a fixed service time it is a server whose
-true latency is known. ``null-gen`` streams ``max_tokens`` one-token chunks, a fixed
-``token_time_s`` apart. Both can stall once (``stall_at=N``, ``stall_s=S``): call or
+true latency is known. ``null-gen`` streams one-token chunks, a fixed ``token_time_s``
+apart: ``max_tokens`` of them, or with ``ignore_eos=False`` a seeded length (see
+``reply_length``). Both can stall once (``stall_at=N``, ``stall_s=S``): call or
 request N takes S seconds longer, blocking the caller the way an in-process engine
 holding the interpreter does; that is how coordinated omission is shown to be avoided.
 """
@@ -11,6 +12,7 @@ holding the interpreter does; that is how coordinated omission is shown to be av
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
@@ -137,7 +139,34 @@ class NullEngine:
         return {"y": np.zeros((x.shape[0], 1), dtype=np.float32)}
 
 
+def input_tokens(request: GenerationRequest) -> int:
+    """The prompt's tokens as null-gen counts them: its ids, or the whitespace-separated
+    words of a text prompt or of a conversation's message contents."""
+    if request.kind == "chat":
+        return sum(len(m.content.split()) for m in request.messages)
+    if isinstance(request.prompt, tuple):
+        return len(request.prompt)
+    return len(request.prompt.split())
+
+
+def reply_length(request: GenerationRequest) -> int:
+    """``max_tokens`` with ``ignore_eos``; without it, where the "model" ends the reply: a
+    length drawn uniformly from [1, max_tokens], seeded by the request id, so a natural-EOS
+    run gives varying lengths that the same request ids reproduce (in any process)."""
+    if request.ignore_eos:
+        return request.max_tokens
+    return random.Random(f"null-gen:{request.request_id}").randint(1, request.max_tokens)
+
+
 class NullGenerativeEngine(NullEngine):
+    """Streams a reply to any request, token ids, text or chat, doing no work.
+
+    Each chunk reports the prompt's tokens (``input_tokens``) as ``prompt_tokens``. With
+    ``ignore_eos`` (the default) the reply is exactly ``max_tokens`` long; with
+    ``ignore_eos=False`` it ends at a seeded length in [1, max_tokens], drawn from the
+    request id (``reply_length``): varying, reproducible lengths for natural-EOS runs.
+    """
+
     name: ClassVar[str] = "null-gen"
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.GENERATIVE,
@@ -148,7 +177,15 @@ class NullGenerativeEngine(NullEngine):
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         _wait(self._next_call())  # a stall blocks the event loop: the generator with it
-        for i in range(request.max_tokens):
+        n_in, n_out = input_tokens(request), reply_length(request)
+        finish = "length" if n_out == request.max_tokens else "stop"
+        for i in range(n_out):
             if self.token_time > 0:
                 await asyncio.sleep(self.token_time)
-            yield Chunk(n_tokens=1, token_ids=(i % 100 + 4,), completion_tokens=i + 1)
+            yield Chunk(
+                n_tokens=1,
+                token_ids=(i % 100 + 4,),
+                completion_tokens=i + 1,
+                prompt_tokens=n_in,
+                finish_reason=finish if i == n_out - 1 else None,
+            )

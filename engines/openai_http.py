@@ -1,13 +1,27 @@
 """Any OpenAI-compatible endpoint (vLLM, trtllm-serve, LMDeploy api_server, SGLang, ...).
 
+The endpoint follows the request (``api=auto``, the default): a chat conversation goes to
+``/v1/chat/completions`` as ``messages``; a text prompt, or token ids (which vLLM takes
+as a list), to ``/v1/completions``. ``api=completions`` or ``api=chat`` forces one API: a
+chat request to completions, or token ids to chat, is then an error saying so; a text
+prompt sent to chat is one user message.
+
+A server needs nothing local: the model name sent is ``served_model`` or the first of
+the server's ``GET /v1/models``; the run's model path is used only to re-tokenize
+replies on the client, when it is a local Hugging Face directory with a tokenizer and
+transformers is installed (otherwise it may be absent or any name: counts then rest on
+the server's usage alone). Nothing here imports torch.
+
 Streams completions or chat over SSE with aiohttp, one event at a time (httpx served
 the first version: one client process topped out near 200 streamed requests/s, aiohttp
-sustains thousands; see docs/measurements.md). Token
-counts come from the server's running usage (``stream_options.continuous_usage_stats``)
-where offered: the difference between successive ``completion_tokens`` is the number of
-tokens a chunk carried, even when its text is empty. Without running usage, a chunk with
-text counts as one token and ``describe()`` says so. An HTTP error, an in-band error
-event or a stream that ends without ``[DONE]`` fails the request.
+sustains thousands; see docs/measurements.md). Token counts come from the server's usage
+in the stream (``stream_options.include_usage``: ``prompt_tokens`` and
+``completion_tokens``, passed on in the chunks), running usage
+(``continuous_usage_stats``) where offered: the difference between successive
+``completion_tokens`` is the number of tokens a chunk carried, even when its text is
+empty. Without running usage, a chunk with text counts as one token and ``describe()``
+says so. An HTTP error, an in-band error event or a stream that ends without ``[DONE]``
+fails the request.
 
 The API key is read from the environment variable named by ``api_key_env`` and never
 appears in ``describe()``, records or logs.
@@ -33,6 +47,7 @@ from harness.engine import (
     EngineError,
     Family,
     GenerationRequest,
+    Message,
     RequestError,
 )
 from harness.engine.options import OptionSchema, choice, custom, flag, number, text
@@ -44,6 +59,7 @@ def _base_url(url: str) -> str:
     return url
 
 
+APIS = ("auto", "completions", "chat")
 OPTIONS = OptionSchema(
     custom(
         "base_url",
@@ -52,7 +68,12 @@ OPTIONS = OptionSchema(
         "http(s)://HOST[:PORT]",
     ),
     text("served_model", "model name on the server (default: the first of /v1/models)"),
-    choice("api", "the OpenAI API streamed", ("completions", "chat"), default="completions"),
+    choice(
+        "api",
+        "the OpenAI API streamed (auto: chat requests to chat, text and token ids to completions)",
+        APIS,
+        default="auto",
+    ),
     text("api_key_env", "environment variable that holds the API key", default="OPENAI_API_KEY"),
     number(
         "timeout_s",
@@ -64,7 +85,7 @@ OPTIONS = OptionSchema(
     ),
     flag(
         "ignore_eos_field",
-        "send vLLM's ignore_eos so lengths are what was asked",
+        "send vLLM's ignore_eos (true: lengths are what was asked; false: natural end)",
         default="1",
     ),
 )
@@ -263,23 +284,38 @@ class OpenAIEngine:
             "client_retokenization": str(self.config.model) if self._tokenizer else None,
         }
 
+    def endpoint(self, request: GenerationRequest) -> str:
+        """The API ``request`` goes to, ``chat`` or ``completions``: the request's own with
+        ``api=auto``, else the one forced, if that API can take the request."""
+        kind = request.kind
+        if self.api == "auto":
+            return "chat" if kind == "chat" else "completions"
+        if self.api == "completions" and kind == "chat":
+            raise EngineError(
+                "a chat request cannot go to the completions API (openai.api=completions);"
+                " use openai.api=auto or chat"
+            )
+        if self.api == "chat" and kind == "tokens":
+            raise EngineError(
+                "a token-id prompt cannot go to the chat API (openai.api=chat), which takes"
+                " messages; use openai.api=auto or completions"
+            )
+        return self.api
+
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.served_model,
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
             "stream": True,
+            # usage in the stream: prompt and completion tokens as the server counted them
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         if self.ignore_eos_field:
-            body["ignore_eos"] = request.ignore_eos
-        if self.api == "chat":
-            text = (
-                request.prompt
-                if isinstance(request.prompt, str)
-                else " ".join(map(str, request.prompt))
-            )
-            body["messages"] = [{"role": "user", "content": text}]
+            body["ignore_eos"] = request.ignore_eos  # false: the reply ends at the EOS
+        if self.endpoint(request) == "chat":
+            messages = request.messages or (Message("user", str(request.prompt)),)
+            body["messages"] = [{"role": m.role, "content": m.content} for m in messages]
         else:
             body["prompt"] = (
                 list(request.prompt) if isinstance(request.prompt, tuple) else request.prompt
@@ -304,11 +340,13 @@ class OpenAIEngine:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         if not self._loaded:
             raise EngineError("engine not loaded: call load() first")
+        api = self.endpoint(request)
+        body = self.payload(request)
         session = await self._session()
-        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
-        state = StreamState(self.api)
+        path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+        state = StreamState(api)
         t_post = time.perf_counter()
-        async with session.post(self.base_url + path, json=self.payload(request)) as response:
+        async with session.post(self.base_url + path, json=body) as response:
             # sent to response headers: connection, transfer and the server's admission
             headers_s = time.perf_counter() - t_post
             if response.status != 200:
@@ -374,13 +412,18 @@ def _event(raw: bytes) -> tuple[str, str] | None:
     return (event, "\n".join(data)) if data else None
 
 
-def _client_tokenizer(model: Path) -> Any:
+def _client_tokenizer(model: Path | str | None) -> Any:
     """The model's tokenizer for client-side re-tokenization, when it is a local directory
-    and transformers is installed; None otherwise (counts then rest on server usage)."""
-    if not (model.is_dir() and (model / "tokenizer_config.json").is_file()):
+    with a tokenizer and transformers is installed; None otherwise: no model, a name that
+    is not a local directory (never fetched from a hub), or no transformers (counts then
+    rest on the server's usage)."""
+    if model is None or str(model) == "":
+        return None
+    local = Path(model)
+    if not (local.is_dir() and (local / "tokenizer_config.json").is_file()):
         return None
     if importlib.util.find_spec("transformers") is None:
         return None
     from transformers import AutoTokenizer  # noqa: PLC0415
 
-    return AutoTokenizer.from_pretrained(str(model))
+    return AutoTokenizer.from_pretrained(str(local))

@@ -11,6 +11,13 @@ it, the tail past the previous length), read before the next ``await``. Per-requ
 timings come from ``request_perf_metrics`` (``return_perf_metrics=True``), on the
 engine's steady clock.
 
+Requests go in as the LLM API takes them: token ids as a list, a text prompt as the string
+(TensorRT-LLM tokenizes it), a chat conversation rendered with the model's chat template
+through ``LLM.tokenizer`` as trtllm-serve renders one (text, then ids without added
+special tokens: one BOS, the template's); a model without a chat template fails each chat
+request saying so. ``ignore_eos`` is passed through (without it the reply ends at the
+EOS), and ``prompt_token_ids`` gives each chunk the prompt's length.
+
 Installing it: PyPI's ``tensorrt-llm`` (1.2.1) is a 10 kB sdist whose build backend,
 ``wheel-stub``, fetches the real wheel from NVIDIA's index (https://pypi.nvidia.com); its
 metadata lists Python 3.10 and 3.12 only, ``tensorrt~=10.14``, ``cuda-python>=13`` and
@@ -26,7 +33,7 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
-from engines.llmstream import delta_chunk
+from engines.llmstream import chat_prompt_ids, delta_chunk
 from harness.engine import (
     Availability,
     BatchingMode,
@@ -112,6 +119,14 @@ def sampling_kwargs(request: GenerationRequest) -> dict[str, Any]:
     else:
         params["top_k"] = 1
     return params
+
+
+def prompt_input(request: GenerationRequest, tokenizer: Any, model: object = "") -> str | list[int]:
+    """What ``generate_async`` is given for ``request``: token ids, the text, or a chat
+    conversation's ids rendered with ``tokenizer``'s chat template."""
+    if request.kind == "chat":
+        return chat_prompt_ids(tokenizer, request.messages, model)
+    return list(request.prompt) if isinstance(request.prompt, tuple) else request.prompt
 
 
 class Deltas:
@@ -226,7 +241,8 @@ class TensorRTLLMEngine:
         from tensorrt_llm import SamplingParams  # noqa: PLC0415
 
         params = SamplingParams(**sampling_kwargs(request))
-        prompt = list(request.prompt) if isinstance(request.prompt, tuple) else request.prompt
+        tokenizer = self._llm.tokenizer if request.kind == "chat" else None
+        prompt = prompt_input(request, tokenizer, self.config.model)
         deltas = Deltas()
         async for out in self._llm.generate_async(prompt, params, streaming=True):
             completion = out.outputs[0]

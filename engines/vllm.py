@@ -6,16 +6,24 @@ prefix caching is off unless asked for. ``enforce_eager`` is on by default only 
 (where compiling slows start-up); on CUDA it is left to vLLM, whose default keeps
 torch.compile and CUDA graphs on. ``describe()`` reports the values vLLM actually
 resolved, not the ones requested.
+
+Requests go in as the user sent them: token ids as a ``TokensPrompt``; a text prompt as
+the string, which vLLM tokenizes (as its completions API does); a chat conversation
+rendered with the model's chat template through the engine's own tokenizer, as vLLM's
+chat API renders it (text, then ids without added special tokens: one BOS, the
+template's). A model without a chat template fails each chat request saying so.
+``ignore_eos`` is passed through: without it the reply ends at the model's EOS.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
-from engines.llmstream import delta_chunk
+from engines.llmstream import chat_prompt_ids, delta_chunk
 from engines.vllm_server import LOOPBACK_ENV, POLLER_NICENESS, deprioritize_pollers, split_cpus
 from harness.engine import (
     Availability,
@@ -68,6 +76,7 @@ class VllmEngine:
         self.config = config
         self.options = {**DEFAULTS, **config.options}
         self._llm: Any = None
+        self._tokenizer: Any = None
         self._n = 0
         self._reniced: list[int] = []
         self._split: tuple[frozenset[int], frozenset[int]] | None = None
@@ -201,11 +210,14 @@ class VllmEngine:
             temperature=request.temperature,
             output_kind=RequestOutputKind.DELTA,
         )
-        prompt: Any = (
-            TokensPrompt(prompt_token_ids=list(request.prompt))
-            if isinstance(request.prompt, tuple)
-            else request.prompt
-        )
+        prompt: Any
+        if request.kind == "chat":
+            ids = chat_prompt_ids(await self.tokenizer(), request.messages, self.config.model)
+            prompt = TokensPrompt(prompt_token_ids=ids)
+        elif isinstance(request.prompt, tuple):
+            prompt = TokensPrompt(prompt_token_ids=list(request.prompt))
+        else:
+            prompt = request.prompt  # vLLM tokenizes it, special tokens included
         self._n += 1
         request_id = request.request_id or f"harness-{self._n}"
         async for out in self._llm.generate(prompt, params, request_id=request_id):
@@ -218,7 +230,16 @@ class VllmEngine:
                 engine_stats=_stats(out.metrics) if out.finished else None,
             )
 
+    async def tokenizer(self) -> Any:
+        """The engine's own tokenizer (``AsyncLLM.get_tokenizer``: a plain call in vLLM
+        0.32, a coroutine in earlier releases)."""
+        if self._tokenizer is None:
+            got = self._llm.get_tokenizer()
+            self._tokenizer = await got if inspect.isawaitable(got) else got
+        return self._tokenizer
+
     def close(self) -> None:
+        self._tokenizer = None
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None

@@ -28,12 +28,15 @@ from harness.engine import (
     Family,
     GenerationRequest,
     GenerativeEngine,
+    Message,
+    RequestKind,
     TensorEngine,
     TensorSpec,
     counter_delta,
     device_spans,
     registry,
 )
+from harness.exceptions import UsageError
 from harness.load.arrivals import Arrivals, OpenLoop, RateShape, Schedule, ShapedLoad
 from harness.load.capacity import (
     CapacityResult,
@@ -117,6 +120,7 @@ __all__ = [
     "LoadCurvePlot",
     "LoadSearch",
     "LocalProcesses",
+    "Message",
     "MonotonicClock",
     "NoBatching",
     "OpenEngine",
@@ -130,6 +134,7 @@ __all__ = [
     "RateShape",
     "RayActors",
     "ReportSpec",
+    "RequestKind",
     "RequestRecord",
     "RunSettings",
     "Schedule",
@@ -145,6 +150,7 @@ __all__ = [
     "Telemetry",
     "TensorEngine",
     "TensorSpec",
+    "UsageError",
     "Verdict",
     "cache_root",
     "capacity_search",

@@ -1,9 +1,9 @@
 """The GPU code paths of the LLM adapters (LMDeploy, vLLM on CUDA, TensorRT-LLM) on a CPU.
 
 These test adapter logic only: what the adapters ask of their engines and how they read
-the answers. The engines are recording fakes put in ``sys.modules`` (LMDeploy) or in
-place of a loaded engine (vLLM); nothing here measures or runs a real engine, and a
-passing test says nothing about the engines' own behaviour on a GPU.
+the answers. The engines are recording fakes put in ``sys.modules`` (LMDeploy,
+TensorRT-LLM) or in place of a loaded engine (vLLM); nothing here measures or runs a real
+engine, and a passing test says nothing about the engines' own behaviour on a GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pytest
 
 from engines import lmdeploy as lmd
 from engines import tensorrt_llm as trtllm
+from engines.llmstream import NoChatTemplate
 from engines.vllm import OPTIONS as VLLM_OPTIONS
 from engines.vllm import VllmEngine
 from harness.engine import (
@@ -30,6 +31,7 @@ from harness.engine import (
     EngineConfig,
     EngineError,
     GenerationRequest,
+    Message,
     RequestError,
     is_fatal,
 )
@@ -414,3 +416,153 @@ def test_tensorrt_llm_probe_gives_that_reason_when_missing():
         pytest.skip("tensorrt_llm is installed here")
     avail = trtllm.TensorRTLLMEngine.probe("cuda")
     assert (avail.available, avail.reason) == (False, trtllm.missing_reason(sys.version_info[:2]))
+
+
+# -- chat, text and natural end: what the in-process engines are asked -------------------------
+
+
+class FakeChatTokenizer:
+    """Stands in for a Hugging Face tokenizer (or TensorRT-LLM's wrapper of one), to test
+    how adapters render chat requests: its template writes ``<s>`` (id 1) once and
+    ``role: content`` turns; ``encode`` gives one id per word and adds a BOS of its own
+    only when asked for special tokens, so a double BOS shows. ``chat_template=None``
+    makes it a tokenizer without a template, refusing as transformers does."""
+
+    BOS = 1
+
+    def __init__(self, chat_template: str | None = "fake template") -> None:
+        self.chat_template = chat_template
+        self.rendered: list[str] = []
+
+    def get_chat_template(self, chat_template: str | None = None, tools: Any = None) -> str:
+        if self.chat_template is None:
+            raise ValueError(
+                "Cannot use chat template functions because tokenizer.chat_template is not set"
+            )
+        return self.chat_template
+
+    def apply_chat_template(
+        self,
+        conversation: list[dict[str, str]],
+        add_generation_prompt: bool = False,
+        tokenize: bool = True,
+    ) -> str:
+        assert not tokenize, "the adapters render text, then tokenize it themselves"
+        text = "<s>" + "".join(f"{m['role']}: {m['content']}\n" for m in conversation)
+        text += "assistant:" if add_generation_prompt else ""
+        self.rendered.append(text)
+        return text
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        words = text.replace("<s>", " <s> ").split()
+        ids = [self.BOS if w == "<s>" else 10 + len(w) for w in words]
+        return [self.BOS, *ids] if add_special_tokens else ids
+
+
+CHAT = (Message("system", "Be brief."), Message("user", "Bada kefi?"))
+CHAT_TEXT = "<s>system: Be brief.\nuser: Bada kefi?\nassistant:"
+CHAT_IDS = [1, 17, 12, 16, 15, 14, 15, 20]  # <s> system: Be brief. user: Bada kefi? assistant:
+
+
+def test_lmdeploy_sends_chat_as_openai_messages_for_its_template(fake_lmdeploy):
+    engine, fake = loaded()
+    chat = GenerationRequest("", 5, ignore_eos=False, messages=CHAT)
+    chunks = asyncio.run(collect(engine, chat))
+    [call] = fake.preprocessed
+    assert call["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Bada kefi?"},
+    ]
+    assert call["input_ids"] is None
+    assert call["do_preprocess"] is True  # LMDeploy applies the model's chat template
+    assert call["gen_config"].kwargs["ignore_eos"] is False
+    assert {c.prompt_tokens for c in chunks} == {3}  # LMDeploy's input_token_len
+    assert lmd.request_arguments(GenerationRequest("hi", 2)) == {
+        "messages": "hi",
+        "input_ids": None,
+        "do_preprocess": False,
+    }
+    assert lmd.request_arguments(GenerationRequest((4, 5), 2))["input_ids"] == [4, 5]
+
+
+class RecordingTrtLLM:
+    """Stands in for ``tensorrt_llm.LLM`` (adapter logic only): records each
+    ``generate_async`` call and streams one mutated ``RequestOutput``-like object whose
+    ``token_ids`` are cumulative, with ``prompt_token_ids`` the ids of the prompt given
+    (a string counts one id per word, as the fake tokenizer would)."""
+
+    last: RecordingTrtLLM | None = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.built = kwargs
+        self.tokenizer = FakeChatTokenizer()
+        self.calls: list[tuple[Any, Any, bool]] = []
+        RecordingTrtLLM.last = self
+
+    async def generate_async(self, prompt: Any, params: Any, streaming: bool = False) -> Any:
+        self.calls.append((prompt, params, streaming))
+        ids = prompt if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+        completion = SimpleNamespace(token_ids=[], text_diff="", finish_reason=None)
+        out = SimpleNamespace(outputs=[completion], prompt_token_ids=ids, finished=False)
+        for step, new in enumerate(([7], [8, 9])):
+            await asyncio.sleep(0)
+            completion.token_ids = completion.token_ids + new
+            completion.token_ids_diff = new
+            completion.text_diff = f"t{step}"
+            out.finished = step == 1
+            completion.finish_reason = "stop" if out.finished else None
+            yield out
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_trtllm(monkeypatch: pytest.MonkeyPatch) -> type[RecordingTrtLLM]:
+    """``tensorrt_llm`` and ``tensorrt_llm.llmapi`` as fakes."""
+    root = types.ModuleType("tensorrt_llm")
+    llmapi = types.ModuleType("tensorrt_llm.llmapi")
+    root.LLM = RecordingTrtLLM  # type: ignore[attr-defined]
+    root.SamplingParams = FakeConfig  # type: ignore[attr-defined]
+    llmapi.KvCacheConfig = FakeConfig  # type: ignore[attr-defined]
+    root.llmapi = llmapi  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", root)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
+    return RecordingTrtLLM
+
+
+def test_tensorrt_llm_takes_text_ids_and_chat_rendered_with_its_template(fake_trtllm):
+    engine = trtllm.TensorRTLLMEngine(EngineConfig(Path("/models/m"), "cuda", {}))
+    engine.load()
+    fake = RecordingTrtLLM.last
+    assert fake is not None
+    requests = [
+        GenerationRequest((5, 6, 7), 3),
+        GenerationRequest("Bada kefi lomo", 3),
+        GenerationRequest("", 3, ignore_eos=False, messages=CHAT),
+    ]
+    got = [asyncio.run(collect(engine, r)) for r in requests]
+    prompts = [call[0] for call in fake.calls]
+    assert prompts[0] == [5, 6, 7]
+    assert prompts[1] == "Bada kefi lomo"  # TensorRT-LLM tokenizes a text prompt itself
+    assert fake.tokenizer.rendered == [CHAT_TEXT]
+    assert prompts[2] == CHAT_IDS  # the template's one BOS, none added on top
+    assert all(streaming for _, _, streaming in fake.calls)
+    assert fake.calls[2][1].kwargs["ignore_eos"] is False
+    assert fake.calls[0][1].kwargs["ignore_eos"] is True
+    prompt_tokens = [{c.prompt_tokens for c in chunks} for chunks in got]
+    assert prompt_tokens == [{3}, {4}, {len(CHAT_IDS)}]
+    for chunks in got:
+        assert [c.token_ids for c in chunks] == [(7,), (8, 9)]
+        assert chunks[-1].finish_reason == "stop"
+
+
+def test_tensorrt_llm_refuses_chat_on_a_model_without_a_template(fake_trtllm):
+    engine = trtllm.TensorRTLLMEngine(EngineConfig(Path("/models/base"), "cuda", {}))
+    engine.load()
+    fake = RecordingTrtLLM.last
+    assert fake is not None
+    fake.tokenizer = FakeChatTokenizer(chat_template=None)
+    with pytest.raises(NoChatTemplate, match="/models/base has no chat template"):
+        asyncio.run(collect(engine, GenerationRequest("", 3, messages=CHAT)))
+    assert fake.calls == []  # no raw text was sent in its place

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from engines.openai_http import OpenAIEngine, RequestFailed, StreamState
-from harness.engine import EngineConfig, GenerationRequest, counter_delta
+from engines.openai_http import OPTIONS, OpenAIEngine, RequestFailed, StreamState
+from harness.engine import EngineConfig, EngineError, GenerationRequest, Message, counter_delta
+from harness.load.clock import MonotonicClock
+from harness.load.streamdriver import Driver
 from tests.support.fault_server import serve_app
 
 httpx = pytest.importorskip("httpx")
@@ -287,3 +289,157 @@ def test_sse_events_survive_any_split_and_crlf(size):
         ("message", "no-space"),
         ("message", "[DONE]"),
     ]
+
+
+# -- requests as users send them: text, chat, token ids; natural end; usage -----------------
+
+
+def chat_event(content: str | None, completion_tokens: int, finish: str | None = None) -> dict:
+    delta = {"role": "assistant", "content": ""} if content is None else {"content": content}
+    return {
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": completion_tokens},
+    }
+
+
+# the shape of vLLM's chat stream with continuous usage: a role-only first chunk, then
+# content chunks, then the usage-only chunk (include_usage)
+CHAT_STREAM = sse(
+    chat_event(None, 0),
+    chat_event(" Bado", 1),
+    chat_event(" kefi", 2, "stop"),
+    {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}},
+)
+
+
+def by_path(seen: list):
+    """A server that answers /v1/chat/completions with a chat stream and
+    /v1/completions with a completions stream, recording every generation request."""
+
+    def handler(request):
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny"}, {"id": "other"}]})
+        if request.url.path == "/version":
+            return httpx.Response(404)
+        seen.append(request)
+        body = {"/v1/chat/completions": CHAT_STREAM, "/v1/completions": RECORDED}
+        if request.url.path not in body:
+            return httpx.Response(404, json={"error": {"message": "no such route"}})
+        return httpx.Response(
+            200, content=body[request.url.path], headers={"content-type": "text/event-stream"}
+        )
+
+    return handler
+
+
+CONVERSATION = (Message("system", "Be brief."), Message("user", "Bada kefi lomo?"))
+
+
+def test_each_request_kind_goes_to_its_own_endpoint(serve):
+    seen: list = []
+    engine = engine_for(serve, by_path(seen))
+    chat = GenerationRequest("", 4, messages=CONVERSATION)
+    text = GenerationRequest("Bada kefi", 5)
+    tokens = GenerationRequest((5, 6, 7), 5)
+    got = [asyncio.run(collect(engine, r)) for r in (chat, text, tokens)]
+    assert [r.url.path for r in seen] == [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/completions",
+    ]
+    bodies = [json.loads(r.content) for r in seen]
+    assert bodies[0]["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Bada kefi lomo?"},
+    ]
+    assert "prompt" not in bodies[0]
+    assert bodies[1]["prompt"] == "Bada kefi"
+    assert "messages" not in bodies[1]
+    assert bodies[2]["prompt"] == [5, 6, 7]
+    for body in bodies:
+        assert body["model"] == "tiny"  # the first of /v1/models
+        assert body["stream_options"]["include_usage"] is True
+        assert body["ignore_eos"] is True
+    # the chat reply: its text and the server's counts, prompt tokens included
+    chat_chunks = got[0]
+    assert "".join(c.text for c in chat_chunks) == " Bado kefi"
+    assert sum(c.n_tokens for c in chat_chunks) == 2
+    assert [c.prompt_tokens for c in chat_chunks[:-1]] == [12, 12, 12, 12]
+    assert chat_chunks[2].finish_reason == "stop"
+    assert chat_chunks[-2].completion_tokens == 2
+
+
+def test_natural_end_sends_ignore_eos_false_or_nothing(serve):
+    seen: list = []
+    natural = GenerationRequest("Bada", 64, ignore_eos=False)
+    asyncio.run(collect(engine_for(serve, by_path(seen)), natural))
+    asyncio.run(collect(engine_for(serve, by_path(seen), ignore_eos_field="0"), natural))
+    first, second = (json.loads(r.content) for r in seen)
+    assert first["ignore_eos"] is False
+    assert first["max_tokens"] == 64  # a cap: the reply ends where the model ends it
+    assert "ignore_eos" not in second
+
+
+def test_a_forced_api_refuses_what_it_cannot_take(serve):
+    seen: list = []
+    chat = GenerationRequest("", 4, messages=CONVERSATION)
+    completions = engine_for(serve, by_path(seen), api="completions")
+    with pytest.raises(EngineError, match=r"chat request cannot go to the completions API"):
+        asyncio.run(collect(completions, chat))
+    chat_only = engine_for(serve, by_path(seen), api="chat")
+    with pytest.raises(EngineError, match=r"token-id prompt cannot go to the chat API"):
+        asyncio.run(collect(chat_only, GenerationRequest((1, 2), 4)))
+    assert seen == []  # refused before anything was sent
+    # a text prompt forced to chat is one user message
+    asyncio.run(collect(chat_only, GenerationRequest("Bada kefi", 4)))
+    assert seen[0].url.path == "/v1/chat/completions"
+    assert json.loads(seen[0].content)["messages"] == [{"role": "user", "content": "Bada kefi"}]
+    assert chat_only.describe()["api"] == "chat"
+
+
+def test_the_driver_takes_input_tokens_from_the_servers_usage(serve):
+    engine = engine_for(serve, by_path([]))
+    driver = Driver(engine, MonotonicClock(), 5.0, count_input=lambda req: 999)
+    chat = asyncio.run(driver.one(GenerationRequest("", 4, messages=CONVERSATION), 0.0))
+    text = asyncio.run(driver.one(GenerationRequest("Bada kefi", 5), 0.0))
+    assert (chat.n_in, chat.n_in_source, chat.n_out_reported) == (12, "engine", 2)
+    assert (text.n_in, text.n_in_source, text.n_out_reported) == (5, "engine", 5)
+    assert chat.error is None
+    assert text.error is None
+
+
+@pytest.mark.parametrize("model", [Path("/nonexistent/model"), Path("meta-llama/Llama-3-8B")])
+def test_a_server_needs_no_local_model(serve, model):
+    seen: list = []
+    engine = OpenAIEngine(EngineConfig(model=model, options={"base_url": serve(by_path(seen))}))
+    engine.load()
+    assert engine.served_model == "tiny"  # from GET /v1/models, not from the model path
+    assert engine._tokenizer is None  # nothing to re-tokenize with: no local directory
+    chunks = asyncio.run(collect(engine, GenerationRequest("Bada kefi", 5)))
+    assert json.loads(seen[0].content)["model"] == "tiny"
+    assert sum(c.n_tokens for c in chunks) == 5
+    assert chunks[-1].retokenized is None
+    info = engine.describe()
+    assert info["client_retokenization"] is None
+    assert info["served_model"] == "tiny"
+
+
+def test_served_model_option_names_the_model_and_a_local_dir_without_tokenizer(serve, tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # a model directory, but no tokenizer
+    seen: list = []
+    engine = OpenAIEngine(
+        EngineConfig(
+            model=tmp_path, options={"base_url": serve(by_path(seen)), "served_model": "other"}
+        )
+    )
+    engine.load()
+    assert engine._tokenizer is None
+    asyncio.run(collect(engine, GenerationRequest("", 2, messages=CONVERSATION)))
+    assert json.loads(seen[0].content)["model"] == "other"
+
+
+def test_api_option_defaults_to_following_the_request():
+    assert OPTIONS.option("api").default == "auto"
+    OpenAIEngine.validate_options({"api": "auto"})
+    with pytest.raises(ValueError, match="api must be one of auto, completions, chat"):
+        OpenAIEngine.validate_options({"api": "responses"})

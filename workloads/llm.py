@@ -6,6 +6,9 @@ the generator version, the seed, the architecture and the library versions. It l
 offline (``HF_HUB_OFFLINE=1``) in vLLM and any Hugging Face-compatible server.
 
 Head size is 64 (hidden 128, 2 heads): vLLM's CPU attention kernels reject head size 16.
+The tokenizer carries a simple chat template (``CHAT_TEMPLATE``: plain-text role markers,
+the BOS once, at the start), so chat requests work in process and through an OpenAI
+server's ``/v1/chat/completions``.
 Needs ``torch``, ``transformers`` and ``tokenizers`` (the vllm extra).
 """
 
@@ -23,8 +26,21 @@ from typing import Any
 
 from workloads.models import cache_dir
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: the tokenizer has a chat template
 NAME = "tiny-llama"
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ message['role'] + ': ' + message['content'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+)
+"""``<s>``, then each turn as ``role: content`` and a newline (an assistant turn closed by
+``</s>``), then ``assistant:`` when a reply is asked for. The BOS is the template's: the
+tokenizer adds no special tokens of its own, and a rendered chat is tokenized without
+them (as vLLM's chat API does), so it holds one BOS."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,7 @@ def _build(target: Path, seed: int) -> None:
         show_progress=False,
     )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, **SPECIAL_TOKENS)
+    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(target)
     torch.manual_seed(seed)
     config = LlamaConfig(

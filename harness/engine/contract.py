@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -214,19 +214,54 @@ class TensorEngine(Engine, Protocol):
     def infer(self, inputs: Arrays) -> dict[str, npt.NDArray[Any]]: ...
 
 
+CHAT_ROLES = frozenset({"system", "user", "assistant"})
+
+
+@dataclass(frozen=True)
+class Message:
+    """One turn of a chat conversation, as the OpenAI chat API takes it."""
+
+    role: str
+    content: str
+
+    def __post_init__(self) -> None:
+        if self.role not in CHAT_ROLES:
+            raise ValueError(f"role {self.role!r} is not one of {sorted(CHAT_ROLES)}")
+
+
+RequestKind = Literal["tokens", "text", "chat"]
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One generative request; output length is what was asked, not what is assumed."""
+    """One generative request, as the user sends it: token ids, a text prompt, or a chat
+    conversation (``messages``, with ``prompt`` left empty), which the engine renders
+    with the model's chat template (in process) or sends to the chat API (over HTTP).
+
+    ``max_tokens`` is what was asked: with ``ignore_eos`` (the default) exactly that many
+    tokens, without it a cap on a reply that ends where the model ends it.
+    """
 
     prompt: str | tuple[int, ...]
     max_tokens: int
     ignore_eos: bool = True
     request_id: str = ""
     temperature: float = 0.0
+    messages: tuple[Message, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if self.messages and self.prompt:
+            raise ValueError("a chat request has messages and no prompt")
+        if not self.messages and not self.prompt:
+            raise ValueError("a request needs a prompt (token ids or text) or messages")
+
+    @property
+    def kind(self) -> RequestKind:
+        if self.messages:
+            return "chat"
+        return "tokens" if isinstance(self.prompt, tuple) else "text"
 
 
 @dataclass(frozen=True)

@@ -472,7 +472,8 @@ def _failed(shared: SharedLoad, i: int, start: float, failure: ClientFailure) ->
         t_end=max(due, failure.at),
         chunk_times=(),
         chunk_tokens=(),
-        n_in=len(req.prompt) if isinstance(req.prompt, tuple) else 0,
+        n_in=len(req.prompt) if req.kind == "tokens" else 0,
+        n_in_source="prompt ids" if req.kind == "tokens" else "unknown",
         n_asked=req.max_tokens,
         error=f"client {failure.index} failed: {failure.reason}"[:300],
     )

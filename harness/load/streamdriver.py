@@ -14,19 +14,36 @@ Every chunk is stamped here, at the client, the moment the engine's stream yield
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from harness.engine import GenerationRequest, GenerativeEngine, is_fatal
+from harness.engine import Chunk, GenerationRequest, GenerativeEngine, is_fatal
 from harness.load.clock import Clock, gc_paused
-from harness.metrics.streamtiming import RequestRecord
+from harness.metrics.streamtiming import InputSource, RequestRecord
+
+T = TypeVar("T")
+
+InputCounter = Callable[[GenerationRequest], int]
+"""Counts a request's input tokens on the client (a tokenizer and chat template)."""
 
 
-def _n_in(req: GenerationRequest) -> int:
-    return len(req.prompt) if isinstance(req.prompt, tuple) else 0
+def _n_in(
+    req: GenerationRequest, reported: int | None, count: InputCounter | None
+) -> tuple[int, InputSource]:
+    """The request's input tokens and where the count came from: the engine or server
+    first (what it really processed, a BOS or chat template included), the prompt's own
+    token ids second, the client's tokenizer third."""
+    if reported is not None:
+        return reported, "engine"
+    if req.kind == "tokens":
+        return len(req.prompt), "prompt ids"
+    if count is not None:
+        return count(req), "tokenizer"
+    return 0, "unknown"
 
 
 SPIN_S = 0.0015
@@ -45,6 +62,33 @@ async def _sleep_until(clock: Clock, deadline: float) -> None:
         await asyncio.sleep(0)
 
 
+@dataclass
+class _Seen:
+    """What one request's stream delivered: chunk times and sizes, and the engine's
+    latest word on counts and timings (each chunk may update it)."""
+
+    times: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    reported: int | None = None
+    prompt_tokens: int | None = None
+    engine_stats: Mapping[str, float] | None = None
+    retokenized: int | None = None
+    client_stats: Mapping[str, float] | None = None
+
+    def take(self, chunk: Chunk, now: float) -> None:
+        self.times.append(now)
+        self.tokens.append(chunk.n_tokens)
+        self.reported = _latest(chunk.completion_tokens, self.reported)
+        self.prompt_tokens = _latest(chunk.prompt_tokens, self.prompt_tokens)
+        self.engine_stats = _latest(chunk.engine_stats, self.engine_stats)
+        self.retokenized = _latest(chunk.retokenized, self.retokenized)
+        self.client_stats = _latest(chunk.client_stats, self.client_stats)
+
+
+def _latest(new: T | None, old: T | None) -> T | None:
+    return old if new is None else new
+
+
 @dataclass(frozen=True)
 class Driver:
     """Sends requests to one engine and records what the client saw."""
@@ -52,6 +96,8 @@ class Driver:
     engine: GenerativeEngine
     clock: Clock
     timeout_s: float
+    count_input: InputCounter | None = None
+    """The client's own input-token count, for requests whose engine reports none."""
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
@@ -63,47 +109,35 @@ class Driver:
         """Send ``req`` now; a failure of any kind is recorded on the request, never raised."""
         clock = self.clock
         t_send = clock.now()
-        times: list[float] = []
-        tokens: list[int] = []
-        reported: int | None = None
-        engine_stats: Mapping[str, float] | None = None
-        retokenized: int | None = None
-        client_stats: Mapping[str, float] | None = None
+        seen = _Seen()
         error: str | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
                 async for chunk in self.engine.generate(req):
-                    times.append(clock.now())
-                    tokens.append(chunk.n_tokens)
-                    if chunk.completion_tokens is not None:
-                        reported = chunk.completion_tokens
-                    if chunk.engine_stats is not None:
-                        engine_stats = chunk.engine_stats
-                    if chunk.retokenized is not None:
-                        retokenized = chunk.retokenized
-                    if chunk.client_stats is not None:
-                        client_stats = chunk.client_stats
+                    seen.take(chunk, clock.now())
         except TimeoutError:
             error = f"timeout after {self.timeout_s:g} s"
         except Exception as exc:  # a failed request is counted, never dropped
             if is_fatal(exc):
                 raise  # the engine is gone: measuring on would only count its corpse
             error = f"{type(exc).__name__}: {exc}"[:300]
-        if error is None and not any(tokens):
+        if error is None and not any(seen.tokens):
             error = "stream ended without any output token"
+        n_in, source = _n_in(req, seen.prompt_tokens, self.count_input)
         return RequestRecord(
             t_sched=t_sched,
             t_send=t_send,
             t_end=clock.now(),
-            chunk_times=tuple(times),
-            chunk_tokens=tuple(tokens),
-            n_in=_n_in(req),
+            chunk_times=tuple(seen.times),
+            chunk_tokens=tuple(seen.tokens),
+            n_in=n_in,
+            n_in_source=source,
             n_asked=req.max_tokens,
-            n_out_reported=reported,
+            n_out_reported=seen.reported,
             error=error,
-            engine_stats=engine_stats,
-            n_out_retokenized=retokenized,
-            client_stats=client_stats,
+            engine_stats=seen.engine_stats,
+            n_out_retokenized=seen.retokenized,
+            client_stats=seen.client_stats,
             lag=t_send - (t_sched if t_intended is None else t_intended),
         )
 

@@ -15,11 +15,16 @@ output tokens it carried. From those alone:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Literal
 
 from harness.metrics import failures, stats
+
+InputSource = Literal["engine", "prompt ids", "tokenizer", "unknown"]
+"""Where a request's input-token count came from (harness.load.streamdriver)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class RequestRecord:
     engine_stats: Mapping[str, float] | None = None
     n_out_retokenized: int | None = None
     client_stats: Mapping[str, float] | None = None
+    n_in_source: InputSource = "prompt ids"
     lag: float = 0.0
     """The generator's own lateness: actual send minus when it meant to send (open loop:
     t_sched; static batches: when the batch was released). Queueing is not lag."""
@@ -248,6 +254,7 @@ class StreamMetrics:
         retok = [r for r in ok if r.n_out_retokenized is not None]
         return {
             "input": sum(r.n_in for r in ok),
+            "input_source": dict(sorted(Counter(r.n_in_source for r in ok).items())),
             "output": sum(r.n_out for r in ok),
             "asked": sum(r.n_asked for r in ok),
             "short_of_asked": sum(r.n_out < r.n_asked for r in ok),
