@@ -86,6 +86,7 @@ from harness.results.reportspec import (
     Rate,
     ReportSpec,
     StagesPlot,
+    TrafficPlot,
 )
 from harness.session.cell import Cell
 from harness.session.config import IMAGE_SUFFIXES, ProfileName, RunSettings, cache_root
@@ -150,6 +151,7 @@ __all__ = [
     "Telemetry",
     "TensorEngine",
     "TensorSpec",
+    "TrafficPlot",
     "UsageError",
     "Verdict",
     "cache_root",

@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 CELLS = {
     "test_batching": "rate100-none-b1 or rate100-dynamic-b8",
     "test_continuous_batching": "onnxruntime-continuous-seqs4",
+    "test_dataset": "closed-1",
     "test_rate_sweep": "",
     "test_capacity": "onnxruntime-none",
     "test_soak": "",
@@ -58,6 +59,7 @@ CELLS = {
     "test_preprocessing_e2e": "pil-b8-pipelined",
     "test_shapes": "tiny-encoder-dynamic",
     "test_streaming": "closed-1",
+    "test_trace": "",
 }
 SELECTION = " or ".join(
     f"({name} and ({cells}))" if cells else name for name, cells in CELLS.items()

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from harness.api import RunSettings, settings_of
+from harness.api import RunSettings, UsageError, settings_of
 from workloads import pipeline, usermodel
 from workloads.generative import model_dir
 
@@ -30,6 +32,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(str(exc)) from None
     if settings.images is not None:
         _check_images(settings)
+    _check_traffic(settings)
+
+
+def _check_traffic(settings: RunSettings) -> None:
+    """Read ``--dataset`` and ``--trace-file`` once at start: a file with no usable request,
+    in a format not understood, is a usage error naming it and why, before any cell. The
+    counts of malformed entries go into each cell's record."""
+    from workloads import test_trace  # noqa: PLC0415  (the workload's own reading)
+    from workloads.prompts import user_dataset  # noqa: PLC0415
+
+    traffic = settings.traffic
+    try:
+        if traffic.dataset is not None:
+            user_dataset(settings, None)
+        if traffic.trace is not None:
+            test_trace.replay_of(settings, test_trace.load_user_trace(settings))
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _check_images(settings: RunSettings) -> None:
@@ -54,27 +74,57 @@ class Endpoint:
             os.sched_setaffinity(0, self.client_cpus)
 
 
-@pytest.fixture(scope="session")
-def openai_endpoint(
-    harness_settings: RunSettings, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Endpoint]:
-    """A real vLLM OpenAI server on a free loopback port, serving the run's model.
+class Servers:
+    """The harness-started vLLM OpenAI servers of this process: one alive at a time, started
+    on first use with the settings a cell asks for (prefix caching off, unless a workload
+    studies reuse), restarted when a cell asks for others.
 
     Load generator and server get separate cores: sharing them, the client was preempted
     for tens of ms at a time (open-loop lag p99 100-200 ms; split: 2-3 ms).
     """
-    from engines.vllm_server import split_cpus, vllm_server  # noqa: PLC0415
 
+    def __init__(self, settings: RunSettings, logs: Path) -> None:
+        self.settings = settings
+        self.logs = logs
+        self.stack = contextlib.ExitStack()
+        self.current: tuple[bool, Endpoint] | None = None
+        self.before = os.sched_getaffinity(0)
+
+    def endpoint(self, *, prefix_caching: bool = False) -> Endpoint:
+        from engines.vllm_server import split_cpus, vllm_server  # noqa: PLC0415
+
+        if self.current is not None and self.current[0] == prefix_caching:
+            return self.current[1]
+        self.close()
+        split = split_cpus()
+        extra = ("--enable-prefix-caching",) if prefix_caching else ()
+        log = self.logs / f"server-{'prefix' if prefix_caching else 'plain'}.log"
+        server = self.stack.enter_context(
+            vllm_server(
+                model_dir(self.settings), log, extra=extra, cpus=split[1] if split else None
+            )
+        )
+        self.current = (prefix_caching, Endpoint(server.base_url, split[0] if split else None))
+        return self.current[1]
+
+    def close(self) -> None:
+        self.current = None
+        self.stack.close()
+        os.sched_setaffinity(0, self.before)
+
+
+@pytest.fixture(scope="session")
+def openai_servers(
+    harness_settings: RunSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Servers]:
+    """Real vLLM OpenAI servers on free loopback ports, serving the run's model."""
     if importlib.util.find_spec("vllm") is None:
         pytest.skip(
             "openai without --engine-opt openai.base_url=URL needs vllm installed so the"
             " harness can start a server (tox -e vllm)"
         )
-    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    split = split_cpus()
-    before = os.sched_getaffinity(0)
-    with vllm_server(model_dir(harness_settings), log, cpus=split[1] if split else None) as server:
-        try:
-            yield Endpoint(server.base_url, split[0] if split else None)
-        finally:
-            os.sched_setaffinity(0, before)
+    servers = Servers(harness_settings, tmp_path_factory.mktemp("vllm-server"))
+    try:
+        yield servers
+    finally:
+        servers.close()

@@ -90,13 +90,19 @@ def _open(
     cell: Cell,
     model: Path,
     options: dict[str, str] | None = None,
+    *,
+    prefix_caching: bool = False,
 ) -> tuple[GenerativeEngine, EngineConfig]:
-    """The engine, and the config it was opened with (for client processes to repeat)."""
+    """The engine, and the config it was opened with (for client processes to repeat).
+    ``prefix_caching``: the engine's prefix cache on (vLLM in process, or the server the
+    harness starts for ``openai``); off otherwise, so unique prompts measure no reuse."""
     opts = dict(options or {})
     settings: RunSettings = request.getfixturevalue("harness_settings")
     endpoint = None
+    if prefix_caching and cell.engine == "vllm":
+        opts["enable_prefix_caching"] = "1"
     if cell.engine == "openai" and "base_url" not in settings.engine_options.get("openai", {}):
-        endpoint = request.getfixturevalue("openai_endpoint")
+        endpoint = request.getfixturevalue("openai_servers").endpoint(prefix_caching=prefix_caching)
         opts["base_url"] = endpoint.base_url
     engine = open_engine(model, options=opts, shared=True)
     if endpoint is not None:
@@ -198,9 +204,11 @@ def load_source(
     cell: Cell,
     model: Path,
     aio: asyncio.Runner,
+    *,
+    prefix_caching: bool = False,
 ) -> tuple[GenerativeEngine, LoadSource]:
     """The cell's engine (here: describe(), counters) and where its load comes from."""
-    engine, config = _open(request, open_engine, cell, model)
+    engine, config = _open(request, open_engine, cell, model, prefix_caching=prefix_caching)
     settings: RunSettings = request.getfixturevalue("harness_settings")
     driver = Driver(engine, MonotonicClock(), settings.reliability.request_timeout_s)
     return engine, LoadSource(driver, aio, settings, cell.engine, config, launcher_for(settings))
@@ -231,6 +239,11 @@ ENGINE_COUNTERS = (
     "vllm:generation_tokens_total",
     "vllm:prompt_tokens_total",
     "vllm:num_preemptions_total",
+    # prefix caching (vLLM V1 names, then older ones): what a shared prefix bought
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:gpu_prefix_cache_queries",
+    "vllm:gpu_prefix_cache_hits",
 )
 
 
@@ -257,17 +270,36 @@ def finish(
     seed: int,
     extra: dict[str, Any] | None = None,
     single_stream: str | None = None,
+    samples: dict[str, list[float]] | None = None,
 ) -> None:
     """Summarize the requests into the cell's metrics, evidence, samples and slow log;
-    ``single_stream`` as in ``Cell.finish`` (a sample key, for one request in flight)."""
+    ``single_stream`` as in ``Cell.finish`` (a sample key, for one request in flight);
+    ``samples`` adds to the latency samples (the traffic carried: ``traffic_samples``)."""
     summary = summarize_stream(records, settings.slos, offered_rate)
     cell.finish(
         metrics=summary.metrics | (extra or {}),
         evidence=summary.evidence,
         headline=HEADLINE,
-        samples=summary.samples,
+        samples=summary.samples | (samples or {}),
         window={"duration_s": summary.evidence.window_s, "requests": len(records)},
         seeds={"requests": seed, "model": settings.seed},
         slow=summary.slow,
         single_stream=single_stream,
     )
+
+
+def traffic_samples(
+    records: Sequence[RequestRecord], offsets: npt.NDArray[np.float64] | None
+) -> dict[str, list[float]]:
+    """What traffic the cell carried, per successful request: input tokens as the engine
+    (or tokenizer) counted them, tokens asked for and received; and the inter-arrival
+    times of the schedule (open loop only). The report draws them beside the latencies."""
+    ok = [r for r in records if r.ok]
+    out = {
+        "input_tokens": [float(r.n_in) for r in ok],
+        "asked_tokens": [float(r.n_asked) for r in ok],
+        "output_tokens": [float(r.n_out) for r in ok],
+    }
+    if offsets is not None and offsets.size > 1:
+        out["interarrival"] = [round(float(d), 7) for d in np.diff(offsets)]
+    return out

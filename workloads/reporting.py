@@ -8,7 +8,7 @@ Each workload declares its own ``ReportSpec`` beside its test function, with
 
 from __future__ import annotations
 
-from harness.api import CdfPlot, LoadCurvePlot, LoadSearch, Rate
+from harness.api import CdfPlot, LoadCurvePlot, LoadSearch, Rate, TrafficPlot
 
 REQUESTS = Rate(
     metric="throughput.requests_per_s",
@@ -31,3 +31,11 @@ CAPACITY = LoadSearch(
     points="search.points", settled="capacity", full="at_capacity", objective="objective"
 )
 LOAD_CURVE = LoadCurvePlot()
+
+
+TRAFFIC = TrafficPlot()
+"""Histograms of a generative cell's input, output and asked tokens and inter-arrival
+times, from its samples ``input_tokens``, ``output_tokens``, ``asked_tokens`` and
+``interarrival``."""
+TRAFFIC_PLOTS: tuple[TrafficPlot, ...] = (TRAFFIC,)
+"""The traffic a dataset or trace cell carried (filled in with the traffic plot)."""

@@ -8,20 +8,21 @@ request, ``ignore_eos`` so every request produces exactly the tokens it asked fo
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
-from harness.api import Cell, OpenEngine, OpenLoop, ReportSpec, RunSettings
+from harness.api import Cell, GenerationRequest, OpenEngine, OpenLoop, ReportSpec, RunSettings
 from workloads import reporting
 from workloads.generative import (
     engine_counters,
     finish,
     load_source,
     make_requests,
-    model_dir,
     read_counters,
     vocab_size,
 )
+from workloads.prompts import NO_LOCAL_MODEL, server_model, text_requests
 
 PROMPT = (64, 16, 256)  # median, min, max tokens
 OUTPUT = (32, 8, 64)
@@ -51,13 +52,12 @@ def test_streaming(
     load: str,
     level: float,
 ) -> None:
-    model = model_dir(harness_settings)
+    model = server_model(harness_settings, cell.engine)
     # with --clients N, N client processes share the load (the engine here reports)
     engine, source = load_source(request, open_engine, cell, model, aio)
     seed = harness_settings.seed + 1000
     n = harness_settings.profile.gen_requests
-    reqs = make_requests(n, seed, vocab_size(model), PROMPT, OUTPUT)
-    warm = make_requests(4, seed + 1, vocab_size(model), PROMPT, OUTPUT)
+    reqs, warm, prompts = _requests(model, n, seed)
     source.warm_up(warm, 4)
     before = read_counters(engine)
     if load == "closed":
@@ -74,6 +74,19 @@ def test_streaming(
         sent.records,
         offered_rate=offered,
         seed=seed,
-        extra={"engine_counters": counters} | sent.extra,
+        extra={"engine_counters": counters, "prompts": prompts} | sent.extra,
         single_stream="e2e" if (load, level) == SINGLE_STREAM else None,
     )
+
+
+def _requests(
+    model: Path, n: int, seed: int
+) -> tuple[list[GenerationRequest], list[GenerationRequest], str]:
+    """Unique token-id prompts from the model's vocabulary; for a server the user runs
+    without a local model, text prompts whose tokens the server counts."""
+    if model == NO_LOCAL_MODEL:
+        warm = text_requests(4, seed + 1, OUTPUT)
+        return text_requests(n, seed, OUTPUT), warm, "text (generated; the server counts tokens)"
+    vocab = vocab_size(model)
+    reqs = make_requests(n, seed, vocab, PROMPT, OUTPUT)
+    return reqs, make_requests(4, seed + 1, vocab, PROMPT, OUTPUT), "token ids"

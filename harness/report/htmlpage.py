@@ -22,7 +22,7 @@ import jinja2
 
 from harness.engine import installed_version
 from harness.exceptions import WriteError
-from harness.report import plots, runset
+from harness.report import plots, plotset, runset
 from harness.report.matrix import Entry, Matrix, entry_text, publish, to_csv, to_markdown, writing
 from harness.results.reading import Damaged, RunContents, vet
 from harness.results.records import CellRecord, Status, format_param
@@ -172,7 +172,7 @@ def _build(contents: Sequence[RunContents]) -> _Built:
 
 
 def _render(runs: runset.RunSet, merged: runset.Merged) -> tuple[str, list[plots.Plot]]:
-    figures = plots.all_plots(runs)
+    figures = plotset.all_plots(runs)
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("harness", "templates"),
         autoescape=True,

@@ -115,7 +115,7 @@ def _render(fig: Figure) -> tuple[str, bytes]:
     return text[text.index("<svg") :], png.getvalue()
 
 
-def _plot(
+def make_plot(
     name: str, section: str, title: str, caption: str, draw: Callable[[Figure], None]
 ) -> Plot:
     with _figure(name) as fig:
@@ -125,11 +125,11 @@ def _plot(
     return Plot(name, section, title, caption, svg, png)
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in text).strip("-").lower()
 
 
-def _legend(ax: Any) -> None:
+def legend(ax: Any) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="best", framealpha=0.8)
 
@@ -201,11 +201,11 @@ def latency_throughput(cells: Sequence[Cell]) -> list[Plot]:
                     va="bottom",
                 )
             ax.set(xlabel="achieved throughput (req/s)", ylabel="e2e p99 (ms)", yscale="log")
-            _legend(ax)
+            legend(ax)
 
         plots.append(
-            _plot(
-                f"latency-throughput-{_slug(workload)}",
+            make_plot(
+                f"latency-throughput-{slug(workload)}",
                 "Latency vs throughput",
                 f"{workload}: p99 latency vs throughput",
                 "Each point is one offered load of the sweep; the star is the knee "
@@ -239,11 +239,11 @@ def _policy_curves(workload: str, cells: Sequence[Cell]) -> list[Plot]:
             xs, ys = zip(*sorted(series[key]), strict=True)
             ax.plot(xs, ys, marker="o", ms=4, label=key)
         ax.set(xlabel="achieved throughput (req/s)", ylabel="e2e p99 (ms)", yscale="log")
-        _legend(ax)
+        legend(ax)
 
     return [
-        _plot(
-            f"latency-throughput-{_slug(workload)}",
+        make_plot(
+            f"latency-throughput-{slug(workload)}",
             "Latency vs throughput",
             f"{workload}: p99 latency vs throughput per {decl.per}",
             decl.caption,
@@ -281,12 +281,12 @@ def cdfs(cells: Sequence[Cell], metric: str, what: str) -> list[Plot]:
                     ax.plot([x * 1e3 for x in xs], probs, lw=1.2, label=cell.label)
                 ax.set(xlabel=f"{metric} (ms, log)", ylabel="fraction of requests", xscale="log")
                 ax.set_ylim(0, 1)
-                _legend(ax)
+                legend(ax)
 
             suffix = f" ({part}/{len(_chunks(group))})" if len(group) > MAX_LINES else ""
             plots.append(
-                _plot(
-                    f"cdf-{metric}-{_slug(workload)}-{part}",
+                make_plot(
+                    f"cdf-{metric}-{slug(workload)}-{part}",
                     f"{what} distributions",
                     f"{workload}: {what} CDF{suffix}",
                     f"Share of requests at or below each {metric}; the tail is on the right.",
@@ -338,9 +338,9 @@ def _histogram(decl: HistogramPlot, cells: list[Cell]) -> list[Plot]:
                 xs = [int(k) + (i - (len(chunk) - 1) / 2) * width for k in counts]
                 ax.bar(xs, [v / total for v in counts.values()], width, label=cell.label)
             ax.set(xlabel=decl.xlabel, ylabel=decl.ylabel)
-            _legend(ax)
+            legend(ax)
 
-        plots.append(_plot(f"{decl.name}-{part}", decl.section, decl.title, decl.caption, draw))
+        plots.append(make_plot(f"{decl.name}-{part}", decl.section, decl.title, decl.caption, draw))
     return plots
 
 
@@ -370,9 +370,9 @@ def _stages(decl: StagesPlot, staged: list[Cell]) -> Plot:
         ax.set(xlabel=decl.xlabel)
         ax.invert_yaxis()
         ax.tick_params(axis="y", labelsize=6)
-        _legend(ax)
+        legend(ax)
 
-    return _plot(decl.name, decl.section, decl.title, decl.caption, draw)
+    return make_plot(decl.name, decl.section, decl.title, decl.caption, draw)
 
 
 def telemetry(cells: Sequence[Cell]) -> list[Plot]:
@@ -412,8 +412,8 @@ def telemetry(cells: Sequence[Cell]) -> list[Plot]:
             mem.set_ylabel("RSS MiB (orange)")
 
         plots.append(
-            _plot(
-                f"telemetry-{_slug(column)}",
+            make_plot(
+                f"telemetry-{slug(column)}",
                 "Telemetry",
                 f"{column}: CPU and memory over the run",
                 "Sampled during each cell (grey lines separate cells); idle time between "
@@ -436,14 +436,3 @@ def declared_cdfs(cells: Sequence[Cell]) -> list[Plot]:
     order = SLO.METRICS
     keys = sorted(groups, key=lambda k: (order.index(k) if k in order else len(order), k))
     return [plot for key in keys for plot in cdfs(groups[key], key, what[key])]
-
-
-def all_plots(runs: RunSet) -> list[Plot]:
-    cells = ok_cells(runs)
-    return [
-        *latency_throughput(cells),
-        *declared_cdfs(cells),
-        *histograms(cells),
-        *stages(cells),
-        *telemetry(cells),
-    ]

@@ -126,8 +126,27 @@ class StagesPlot(Frozen):
     scale: float = 1.0
 
 
+class TrafficPlot(Frozen):
+    """Histograms of the traffic a generative cell carried, from its raw per-request
+    ``samples``: input tokens, output tokens with the ``max_tokens`` each request asked
+    for beside them (replies that ended before the cap show), and the seconds between
+    scheduled arrivals (an open loop's only). One figure per cell, in the section after
+    the latency CDFs; a key the record lacks is left out with a note, and a cell with none
+    of them has no figure (records written before the keys existed)."""
+
+    kind: Literal["traffic"] = "traffic"
+    input_tokens: str = "input_tokens"
+    """Samples key: each successful request's input tokens as sent."""
+    output_tokens: str = "output_tokens"
+    """Samples key: each successful request's output tokens received."""
+    asked_tokens: str = "asked_tokens"
+    """Samples key: the ``max_tokens`` each request asked for."""
+    interarrival: str = "interarrival"
+    """Samples key: seconds between consecutive scheduled arrivals (absent: closed loop)."""
+
+
 PlotSpec = Annotated[
-    LoadCurvePlot | PolicyCurvePlot | CdfPlot | HistogramPlot | StagesPlot,
+    LoadCurvePlot | PolicyCurvePlot | CdfPlot | HistogramPlot | StagesPlot | TrafficPlot,
     Field(discriminator="kind"),
 ]
 

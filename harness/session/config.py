@@ -27,6 +27,7 @@ from harness.session.execution import (
     Reliability,
     check_repeats,
 )
+from harness.session.traffic import Traffic
 
 
 class ProfileName(enum.StrEnum):
@@ -112,6 +113,8 @@ class RunSettings:
     clients_on: ClientsOn = ClientsOn.LOCAL
     reliability: Reliability = field(default_factory=Reliability)
     dist: Distribution = field(default_factory=Distribution)
+    traffic: Traffic = field(default_factory=Traffic)
+    """What generative workloads send: the user's dataset or trace, reply lengths."""
     repeats: int = 1
     """Measurements of every cell, each in a fresh worker process (``--repeats``), so that
     ``compare`` can judge a change against the spread between processes."""
@@ -138,6 +141,7 @@ class RunSettings:
             "clients_on": self.clients_on.value,
             "dist": self.dist.to_json(),
             "repeats": self.repeats,
+            "traffic": self.traffic.to_json(),
         }
 
     @property
@@ -306,6 +310,7 @@ def parse_settings(
     reliability: Reliability | None = None,
     dist: Distribution | None = None,
     repeats: int = 1,
+    traffic: Traffic | None = None,
 ) -> RunSettings:
     names = _engines(engines)
     dist = dist or Distribution()
@@ -329,6 +334,7 @@ def parse_settings(
         reliability=reliability,
         dist=dist,
         repeats=check_repeats(repeats, reliability, dist),
+        traffic=traffic or Traffic(),
     )
 
 

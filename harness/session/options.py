@@ -14,6 +14,7 @@ from harness.exceptions import UsageError
 from harness.results import redact
 from harness.session.config import ProfileName, RunSettings, parse_settings
 from harness.session.execution import parse_dist, parse_reliability
+from harness.session.traffic import DATASET_FORMATS, TRACE_FORMATS, parse_traffic
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -77,6 +78,7 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="ENGINE.KEY=VALUE",
         help="adapter option, e.g. onnxruntime.intra_op_threads=2",
     )
+    _add_traffic_options(group)
     group.addoption(
         "--repeats",
         type=int,
@@ -177,6 +179,63 @@ def _rootdir_without_options(config: pytest.Config) -> Path | None:
         return None
     root = result[0]
     return root if isinstance(root, Path) else None
+
+
+def _add_traffic_options(group: pytest.OptionGroup) -> None:
+    group.addoption(
+        "--dataset",
+        metavar="PATH",
+        help="generative dataset workload: your prompts or conversations (ShareGPT JSON, JSONL"
+        " with prompt or messages, or json/csv/parquet through Hugging Face datasets) instead"
+        " of the generated synthetic conversations",
+    )
+    group.addoption(
+        "--dataset-format",
+        default="auto",
+        help=f"{' | '.join(DATASET_FORMATS)} (default: auto, from the file)",
+    )
+    group.addoption(
+        "--output-mode",
+        default="reference",
+        help="reply lengths of dataset requests: fixed (ignore_eos), reference (the dataset's"
+        " reply lengths, ignore_eos) or natural (end of sequence, capped; default: reference)",
+    )
+    group.addoption(
+        "--output-cap",
+        type=int,
+        default=128,
+        metavar="TOKENS",
+        help="the longest reply in natural mode (default: 128)",
+    )
+    group.addoption(
+        "--trace-file",
+        metavar="PATH",
+        help="trace-replay workload: a timestamped request log (Mooncake JSONL, Azure LLM"
+        " inference CSV, BurstGPT CSV) instead of the generated one",
+    )
+    group.addoption(
+        "--trace-format",
+        default="auto",
+        help=f"{' | '.join(TRACE_FORMATS)} (default: auto, from the file)",
+    )
+    group.addoption(
+        "--trace-speed",
+        type=float,
+        metavar="X",
+        help="replay X times as fast (inter-arrival times divided by X)",
+    )
+    group.addoption(
+        "--trace-rate",
+        type=float,
+        metavar="REQ_PER_S",
+        help="replay at this mean request rate instead (not with --trace-speed)",
+    )
+    group.addoption(
+        "--trace-slice",
+        metavar="START:END",
+        help="replay trace seconds [START, END) only (either may be empty)",
+    )
+    group.addoption("--trace-limit", type=int, metavar="N", help="replay the first N requests only")
 
 
 def _add_reliability_options(parser: pytest.Parser) -> None:
@@ -314,6 +373,18 @@ def settings_from(config: pytest.Config) -> RunSettings:
             clients_on=opt("clients_on"),
             reliability=reliability,
             repeats=opt("repeats"),
+            traffic=parse_traffic(
+                dataset=opt("dataset"),
+                dataset_format=opt("dataset_format"),
+                output_mode=opt("output_mode"),
+                output_cap=opt("output_cap"),
+                trace=opt("trace_file"),
+                trace_format=opt("trace_format"),
+                trace_speed=opt("trace_speed"),
+                trace_rate=opt("trace_rate"),
+                trace_slice=opt("trace_slice"),
+                trace_limit=opt("trace_limit"),
+            ),
             dist=parse_dist(
                 mode=opt("dist"),
                 address=opt("ray_address"),

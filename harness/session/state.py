@@ -29,6 +29,7 @@ from harness.results.records import (
 )
 from harness.results.redact import redact_text
 from harness.results.reportspec import ReportSpec
+from harness.session import traffic
 from harness.session.cell import REPORT_SPEC_MARK, Cell, make_cell_id
 from harness.session.config import RunSettings
 from harness.session.execution import Dist
@@ -269,6 +270,7 @@ SETTINGS_ADDED_LATER: dict[str, object] = {
     "clients_on": "local",
     "dynamic_batch": False,
     "repeats": 1,
+    "traffic": traffic.DEFAULT_JSON,
 }
 """Settings newer than some run directories, with the value older runs measured with."""
 

@@ -1,0 +1,158 @@
+"""What traffic generative workloads send: the user's dataset, a timestamped trace to
+replay, and how long replies may be; validated once, at configuration time.
+
+The harness checks what it can without knowing a file format (the file exists and is a
+file, the named format is one the workloads read, the scaling makes sense); the dataset
+and trace workloads read the files (workloads/datasets.py, workloads/traces.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.exceptions import UsageError
+
+OutputMode = Literal["fixed", "reference", "natural"]
+OUTPUT_MODES: tuple[OutputMode, ...] = ("fixed", "reference", "natural")
+DATASET_FORMATS = ("auto", "sharegpt", "jsonl", "json", "csv", "parquet")
+TRACE_FORMATS = ("auto", "mooncake", "azure", "burstgpt")
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """``dataset``/``trace``: the user's files (None: the workloads' generated defaults).
+    ``output_mode``: fixed lengths with ``ignore_eos`` (as the token-id workloads), the
+    dataset's reference lengths, or natural end of sequence capped at ``output_cap``.
+    ``trace_speed`` divides the trace's inter-arrival times; ``trace_rate`` instead scales
+    them to a mean rate; ``trace_slice`` keeps trace seconds [start, end)."""
+
+    dataset: Path | None = None
+    dataset_format: str = "auto"
+    output_mode: OutputMode = "reference"
+    output_cap: int = 128
+    trace: Path | None = None
+    trace_format: str = "auto"
+    trace_speed: float | None = None
+    trace_rate: float | None = None
+    trace_slice: tuple[float, float | None] | None = None
+    trace_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.trace_speed is not None and self.trace_rate is not None:
+            raise ValueError("trace_speed and trace_rate exclude each other")
+        if self.output_cap < 1:
+            raise ValueError("output_cap must be >= 1")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": str(self.dataset) if self.dataset else None,
+            "dataset_format": self.dataset_format,
+            "output_mode": self.output_mode,
+            "output_cap": self.output_cap,
+            "trace": str(self.trace) if self.trace else None,
+            "trace_format": self.trace_format,
+            "trace_speed": self.trace_speed,
+            "trace_rate": self.trace_rate,
+            "trace_slice": list(self.trace_slice) if self.trace_slice else None,
+            "trace_limit": self.trace_limit,
+        }
+
+
+DEFAULT_JSON = Traffic().to_json()
+"""What a run made before these options measured with."""
+
+
+def parse_traffic(
+    *,
+    dataset: str | None,
+    dataset_format: str,
+    output_mode: str,
+    output_cap: int,
+    trace: str | None,
+    trace_format: str,
+    trace_speed: float | None,
+    trace_rate: float | None,
+    trace_slice: str | None,
+    trace_limit: int | None,
+) -> Traffic:
+    speed = _positive("--trace-speed", trace_speed)
+    rate = _positive("--trace-rate", trace_rate)
+    if speed is not None and rate is not None:
+        raise UsageError(
+            "--trace-speed and --trace-rate both scale the trace: give one (speed divides its"
+            " inter-arrival times, rate sets its mean request rate)"
+        )
+    if trace is None and (speed or rate or trace_slice or trace_limit):
+        raise UsageError(
+            "--trace-speed, --trace-rate, --trace-slice and --trace-limit need --trace-file"
+        )
+    if trace_limit is not None and trace_limit < 1:
+        raise UsageError(f"--trace-limit must be >= 1, got {trace_limit}")
+    if output_cap < 1:
+        raise UsageError(f"--output-cap must be >= 1 token, got {output_cap}")
+    return Traffic(
+        dataset=_file("--dataset", dataset),
+        dataset_format=_choice("--dataset-format", dataset_format, DATASET_FORMATS),
+        output_mode=_mode(output_mode),
+        output_cap=output_cap,
+        trace=_file("--trace-file", trace),
+        trace_format=_choice("--trace-format", trace_format, TRACE_FORMATS),
+        trace_speed=speed,
+        trace_rate=rate,
+        trace_slice=_slice(trace_slice),
+        trace_limit=trace_limit,
+    )
+
+
+def _file(option: str, value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise UsageError(f"{option} {value!r} {what}; give a local file")
+    return path.resolve()
+
+
+def _choice(option: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise UsageError(f"{option} {value!r}: choose one of {', '.join(choices)}")
+    return value
+
+
+def _mode(value: str) -> OutputMode:
+    for mode in OUTPUT_MODES:
+        if value == mode:
+            return mode
+    raise UsageError(
+        f"--output-mode {value!r}: choose fixed (ignore_eos, a fixed length), reference (the"
+        " dataset's reply lengths) or natural (end of sequence, capped by --output-cap)"
+    )
+
+
+def _positive(option: str, value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{option} must be a positive number, got {value}")
+    return value
+
+
+def _slice(text: str | None) -> tuple[float, float | None] | None:
+    """``START:END`` in trace seconds; either side may be empty (from the start, to the
+    end: None)."""
+    if text is None:
+        return None
+    start, sep, end = text.partition(":")
+    try:
+        lo = float(start) if start.strip() else 0.0
+        hi = float(end) if end.strip() else None
+    except ValueError:
+        lo, hi = math.nan, math.nan
+    if not sep or not (math.isfinite(lo) and 0.0 <= lo < (math.inf if hi is None else hi)):
+        raise UsageError(
+            f"--trace-slice {text!r}: expected START:END in trace seconds with 0 <= START < END"
+            " (e.g. 0:600, or 300: for from 300 s to the end)"
+        )
+    return lo, hi

@@ -1,0 +1,166 @@
+"""The dataset and trace-replay workloads end to end on the null-gen engine (the harness's
+own streaming engine: known service times, no model to load), and their options.
+
+Real engines run the same workloads in tox -e vllm (tests/test_vllm_traffic.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.exceptions import UsageError
+from harness.results.records import Status
+from harness.session.traffic import parse_traffic
+from tests.support.runner import pytest_workloads, run_workloads
+from workloads import traces
+from workloads.tracegen import default_trace
+
+NULL_GEN = ("--engine=null-gen", "--profile=quick")
+SLOW_TOKENS = "--engine-opt=null-gen.token_time_s=0.005"  # short natural replies still fill 1 s
+FAST_TOKENS = "--engine-opt=null-gen.token_time_s=0.0002"
+
+
+def fake_model(tmp_path: Path) -> Path:
+    """What null-gen needs of a model: a vocabulary size and a context length."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(
+        json.dumps({"vocab_size": 512, "max_position_embeddings": 2048})
+    )
+    return model
+
+
+def chat_jsonl(path: Path) -> Path:
+    rows = [
+        {"messages": [{"role": "user", "content": f"tell me about item {i} " * (3 + i % 5)}]}
+        for i in range(40)
+    ]
+    rows[3] = {"messages": [{"role": "user", "content": "   "}]}  # an empty turn
+    lines = [json.dumps(r) for r in rows] + ["{not json"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def defaults(**over: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "dataset": None,
+        "dataset_format": "auto",
+        "output_mode": "reference",
+        "output_cap": 128,
+        "trace": None,
+        "trace_format": "auto",
+        "trace_speed": None,
+        "trace_rate": None,
+        "trace_slice": None,
+        "trace_limit": None,
+    }
+    return base | over
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"trace_speed": 2.0}, "need --trace-file"),
+        (
+            {"dataset": "/nonexistent/file.jsonl"},
+            "--dataset '/nonexistent/file.jsonl' does not exist",
+        ),
+        ({"output_mode": "long"}, "--output-mode 'long': choose fixed"),
+        ({"trace": __file__, "trace_slice": "5:1"}, "--trace-slice '5:1': expected START:END"),
+        ({"trace_format": "csv"}, "--trace-format 'csv': choose one of"),
+        ({"output_cap": 0}, "--output-cap must be >= 1"),
+    ],
+)
+def test_bad_traffic_options_are_usage_errors(over: dict[str, object], message: str) -> None:
+    with pytest.raises(UsageError, match=None) as info:
+        parse_traffic(**defaults(**over))  # type: ignore[arg-type]
+    assert message in str(info.value)
+
+
+def test_speed_and_rate_exclude_each_other(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n')
+    with pytest.raises(UsageError, match="give one"):
+        parse_traffic(**defaults(trace=str(trace), trace_speed=2.0, trace_rate=3.0))  # type: ignore[arg-type]
+    ok = parse_traffic(**defaults(trace=str(trace), trace_speed=2.0, trace_slice="10:"))  # type: ignore[arg-type]
+    assert (ok.trace_speed, ok.trace_slice) == (2.0, (10.0, None))
+
+
+@pytest.mark.slow
+def test_dataset_workload_on_a_chat_file_with_natural_replies(tmp_path: Path) -> None:
+    data = chat_jsonl(tmp_path / "chat.jsonl")
+    run = run_workloads(
+        tmp_path,
+        *NULL_GEN,
+        SLOW_TOKENS,
+        f"--model={fake_model(tmp_path)}",
+        f"--dataset={data}",
+        "--output-mode=natural",
+        "--output-cap=24",
+        "--requests=100",
+        "-k",
+        "test_dataset and closed-4",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    (record,) = run.records.values()
+    assert record.status is Status.OK
+    assert record.params["output"] == "natural"
+    assert "output-natural" in record.cell_id or "output=natural" in record.cell_id
+    used = record.metrics["dataset"]
+    assert used["rejected"] == {"empty turn": 1, "not valid JSON": 1}
+    assert used["output_mode"] == "natural"
+    out = np.asarray(record.samples["output_tokens"])
+    asked = np.asarray(record.samples["asked_tokens"])
+    assert set(asked) == {24.0}  # the cap
+    assert out.min() >= 1
+    assert out.max() <= 24
+    assert len(set(out)) > 3  # replies ended where the engine ended them
+    assert record.metrics["tokens"]["input_source"] == {"engine": len(out)}
+    assert "natural" in (run.run_dir / "matrix.md").read_text()
+
+
+@pytest.mark.slow
+def test_trace_replay_schedules_the_scaled_trace(tmp_path: Path) -> None:
+    run = run_workloads(
+        tmp_path,
+        *NULL_GEN,
+        FAST_TOKENS,
+        f"--model={fake_model(tmp_path)}",
+        "--trace-speed=2",
+        f"--trace-file={default_trace(0)}",
+        "--trace-limit=100",  # the fewest with a p99
+        "-k",
+        "test_trace",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    (record,) = run.records.values()
+    assert record.status is Status.OK
+    expected = traces.replay(traces.load_trace(default_trace(0)), speed=2.0, limit=100).offsets
+    got = np.asarray(record.samples["scheduled"])
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, atol=1e-6)  # the clock's and rounding's resolution
+    info = record.metrics["trace"]
+    assert info["format"] == "mooncake"
+    assert info["scaling"]["speed"] == 2.0
+    assert len(info["sha256"]) == 64
+    assert np.allclose(np.diff(expected), record.samples["interarrival"], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_dataset_with_no_usable_entry_is_a_usage_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"foo": 1}\n{not json\n')
+    proc = pytest_workloads(
+        tmp_path,
+        *NULL_GEN,
+        f"--model={fake_model(tmp_path)}",
+        f"--dataset={bad}",
+        "-k",
+        "test_dataset",
+    )
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert str(bad) in proc.stderr
+    assert "Traceback" not in proc.stderr

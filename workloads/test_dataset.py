@@ -1,0 +1,94 @@
+"""The user's traffic: TTFT, TPOT, E2E and goodput on the user's dataset.
+
+The requests are the prompts or conversations of ``--dataset FILE`` (ShareGPT JSON, JSONL
+with ``prompt`` or ``messages``, json/csv/parquet through Hugging Face ``datasets``) or,
+without it, the generated synthetic conversations (workloads/datasets.py): text and chat
+go through the model's tokenizer and chat template in process, or to ``/v1/completions``
+and ``/v1/chat/completions`` over HTTP. Reply lengths follow ``--output-mode``: fixed
+(``ignore_eos``), the dataset's reference lengths, or natural end of sequence capped by
+``--output-cap``; the mode is a cell parameter, so the matrix shows it.
+
+Closed loop at two concurrencies and open loop (Poisson) at one rate, as the streaming
+workload does, seeded sampling of the dataset (with replacement when the dataset is
+smaller than the run), and the traffic actually carried kept per request (input, asked
+and output tokens, inter-arrival times) for the report's traffic plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from harness.api import Cell, OpenEngine, OpenLoop, ReportSpec, RunSettings, settings_of
+from workloads import reporting
+from workloads.generative import (
+    engine_counters,
+    finish,
+    load_source,
+    read_counters,
+    traffic_samples,
+)
+from workloads.prompts import engine_context, input_counter, server_model, user_dataset
+
+LOADS = [("closed", 1.0), ("closed", 4.0), ("open", 4.0)]
+
+REPORT = ReportSpec(
+    throughput=reporting.REQUESTS,
+    tokens=reporting.TOKENS,
+    scenario=("load", "level", "output"),
+    timing_floor=reporting.LAG_P99,
+    plots=(reporting.TTFT_CDF, reporting.E2E_CDF, *reporting.TRAFFIC_PLOTS),
+)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The reply-length mode is a parameter of the cell (its id and the matrix show it)."""
+    if "output" in metafunc.fixturenames:
+        mode = settings_of(metafunc.config).traffic.output_mode
+        metafunc.parametrize("output", [mode], ids=[f"output-{mode}"])
+
+
+@pytest.mark.requires(family="generative", streaming=True)
+@pytest.mark.report_spec(REPORT)
+@pytest.mark.parametrize(("load", "level"), LOADS, ids=[f"{a}-{b:g}" for a, b in LOADS])
+def test_dataset(
+    request: pytest.FixtureRequest,
+    cell: Cell,
+    open_engine: OpenEngine,
+    harness_settings: RunSettings,
+    aio: asyncio.Runner,
+    load: str,
+    level: float,
+    output: str,
+) -> None:
+    settings = harness_settings
+    model = server_model(settings, cell.engine)
+    engine, source = load_source(request, open_engine, cell, model, aio)
+    counter = input_counter(model)
+    source.driver = replace(source.driver, count_input=counter)
+    dataset = user_dataset(settings, counter, engine_context(engine, model))
+    seed = settings.seed + 3000
+    n = settings.profile.gen_requests
+    reqs, used = dataset.requests(n, seed, settings.traffic)
+    warm, _ = dataset.requests(4, seed + 1, settings.traffic)
+    source.warm_up(warm, 4)
+    before = read_counters(engine)
+    if load == "closed":
+        sent = source.closed_loop(reqs, int(level))
+        offered, offsets = None, None
+    else:
+        offsets = OpenLoop(rate=level, duration=n / level).schedule(seed)[:n]
+        sent = source.open_loop(reqs[: len(offsets)], offsets)
+        offered = len(offsets) / (n / level)
+    counters = engine_counters(before, read_counters(engine))
+    finish(
+        cell,
+        settings,
+        sent.records,
+        offered_rate=offered,
+        seed=seed,
+        extra={"engine_counters": counters, "dataset": used} | sent.extra,
+        samples=traffic_samples(sent.records, offsets),
+    )
