@@ -56,6 +56,8 @@ from harness.api import GenerationRequest, Message, UsageError
 OutputMode = Literal["fixed", "reference", "natural"]
 LengthUnit = Literal["tokens", "words"]
 FORMATS = ("sharegpt", "jsonl", "json", "csv", "parquet")
+DEFAULT_NAME = "synthetic-chat"
+"""The generated default dataset's name (a cell parameter of the dataset workload)."""
 HF_FORMATS = ("json", "csv", "parquet")  # read through the Hugging Face datasets library
 INSTALL_HINT = "pip install 'inference-harness[datasets]'"
 
@@ -559,7 +561,7 @@ def default_dataset(seed: int, n: int = 512) -> Dataset:
     rng = np.random.default_rng(seed)
     entries = tuple(_conversation(rng) for _ in range(n))
     return Dataset(
-        name="synthetic-chat",
+        name=DEFAULT_NAME,
         path=None,
         sha256=None,
         format="synthetic",

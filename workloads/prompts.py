@@ -10,6 +10,7 @@ input tokens on the client where an engine reports none.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import json
 import os
@@ -28,6 +29,16 @@ from workloads.inputs import lengths
 NO_LOCAL_MODEL = Path(os.devnull)
 """The model of a server the user runs, when no ``--model`` names a local copy: the
 adapter asks the server (``/v1/models``) and keeps no client-side tokenizer."""
+
+
+def traffic_label(path: Path | None, default: str) -> str:
+    """Which traffic a cell carried, as a cell parameter: the file's name and the start of
+    its sha256 (two files of one name are different traffic), or ``default``. Cells of
+    different datasets or traces are different cells, never compared or ranked together."""
+    if path is None:
+        return default
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8]
+    return f"{path.stem}-{digest}"
 
 
 def remote_server(settings: RunSettings, engine: str) -> bool:

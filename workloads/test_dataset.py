@@ -22,7 +22,7 @@ from dataclasses import replace
 import pytest
 
 from harness.api import Cell, OpenEngine, OpenLoop, ReportSpec, RunSettings, settings_of
-from workloads import reporting
+from workloads import datasets, reporting
 from workloads.generative import (
     engine_counters,
     finish,
@@ -30,24 +30,36 @@ from workloads.generative import (
     read_counters,
     traffic_samples,
 )
-from workloads.prompts import engine_context, input_counter, server_model, user_dataset
+from workloads.prompts import (
+    engine_context,
+    input_counter,
+    server_model,
+    traffic_label,
+    user_dataset,
+)
 
 LOADS = [("closed", 1.0), ("closed", 4.0), ("open", 4.0)]
 
 REPORT = ReportSpec(
     throughput=reporting.REQUESTS,
     tokens=reporting.TOKENS,
-    scenario=("load", "level", "output"),
+    scenario=("dataset", "load", "level", "output"),
     timing_floor=reporting.LAG_P99,
     plots=(reporting.TTFT_CDF, reporting.E2E_CDF, *reporting.TRAFFIC_PLOTS),
 )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """The reply-length mode is a parameter of the cell (its id and the matrix show it)."""
+    """The dataset and the reply-length mode are parameters of the cell: its id and the
+    matrix show them, and cells of another dataset are never compared or ranked with it."""
     if "output" in metafunc.fixturenames:
-        mode = settings_of(metafunc.config).traffic.output_mode
-        metafunc.parametrize("output", [mode], ids=[f"output-{mode}"])
+        traffic = settings_of(metafunc.config).traffic
+        label = traffic_label(traffic.dataset, datasets.DEFAULT_NAME)
+        metafunc.parametrize(
+            ("dataset", "output"),
+            [(label, traffic.output_mode)],
+            ids=[f"{label}-output-{traffic.output_mode}"],
+        )
 
 
 @pytest.mark.requires(family="generative", streaming=True)
@@ -61,6 +73,7 @@ def test_dataset(
     aio: asyncio.Runner,
     load: str,
     level: float,
+    dataset: str,
     output: str,
 ) -> None:
     settings = harness_settings
@@ -68,11 +81,11 @@ def test_dataset(
     engine, source = load_source(request, open_engine, cell, model, aio)
     counter = input_counter(model)
     source.driver = replace(source.driver, count_input=counter)
-    dataset = user_dataset(settings, counter, engine_context(engine, model))
+    data = user_dataset(settings, counter, engine_context(engine, model))
     seed = settings.seed + 3000
     n = settings.profile.gen_requests
-    reqs, used = dataset.requests(n, seed, settings.traffic)
-    warm, _ = dataset.requests(4, seed + 1, settings.traffic)
+    reqs, used = data.requests(n, seed, settings.traffic)
+    warm, _ = data.requests(4, seed + 1, settings.traffic)
     source.warm_up(warm, 4)
     before = read_counters(engine)
     if load == "closed":

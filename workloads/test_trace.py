@@ -33,6 +33,7 @@ from harness.api import (
     ReportSpec,
     RequestRecord,
     RunSettings,
+    settings_of,
 )
 from workloads import reporting, traces
 from workloads.generative import (
@@ -43,13 +44,13 @@ from workloads.generative import (
     traffic_samples,
     vocab_size,
 )
-from workloads.prompts import NO_LOCAL_MODEL, engine_context, server_model
+from workloads.prompts import NO_LOCAL_MODEL, engine_context, server_model, traffic_label
 from workloads.tracegen import default_trace
 
 REPORT = ReportSpec(
     throughput=reporting.REQUESTS,
     tokens=reporting.TOKENS,
-    scenario=(),
+    scenario=("trace",),
     timing_floor=reporting.LAG_P99,
     plots=(reporting.TTFT_CDF, reporting.E2E_CDF, *reporting.TRAFFIC_PLOTS),
 )
@@ -105,6 +106,14 @@ def scheduled(records: list[RequestRecord], first_offset: float) -> list[float]:
 
 @pytest.mark.requires(family="generative", streaming=True)
 @pytest.mark.report_spec(REPORT)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The trace is a parameter of the cell: cells of another trace are never compared
+    or ranked with it."""
+    if "trace" in metafunc.fixturenames:
+        label = traffic_label(settings_of(metafunc.config).traffic.trace, "synthetic-mooncake")
+        metafunc.parametrize("trace", [label], ids=[label])
+
+
 @pytest.mark.parametrize("prefix_cache", ["on"])
 def test_trace(
     request: pytest.FixtureRequest,
@@ -112,6 +121,7 @@ def test_trace(
     open_engine: OpenEngine,
     harness_settings: RunSettings,
     aio: asyncio.Runner,
+    trace: str,
     prefix_cache: str,
 ) -> None:
     settings = harness_settings
@@ -121,11 +131,11 @@ def test_trace(
             "trace replay synthesizes token-id prompts from the model's vocabulary: give"
             " --model DIR (a local copy of the server model's tokenizer and config)"
         )
-    trace = load_user_trace(settings)
-    replay = replay_of(settings, trace)
+    log = load_user_trace(settings)
+    replay = replay_of(settings, log)
     seed = settings.seed + 4000
     prompts = traces.synthesize_prompts(
-        replay.requests, vocab=vocab_size(model), seed=seed, block_size=trace.block_size
+        replay.requests, vocab=vocab_size(model), seed=seed, block_size=log.block_size
     )
     # production serves with the prefix cache on: the trace's shared prefixes hit it
     on = prefix_cache == "on"
@@ -135,7 +145,7 @@ def test_trace(
     before = read_counters(engine)
     sent = source.open_loop(reqs, replay.offsets)
     counters = engine_counters(before, read_counters(engine))
-    info: dict[str, Any] = trace.to_json() | {"scaling": replay.scaling, "clipped": clipped}
+    info: dict[str, Any] = log.to_json() | {"scaling": replay.scaling, "clipped": clipped}
     samples = traffic_samples(sent.records, replay.offsets)
     samples["scheduled"] = scheduled(sent.records, float(replay.offsets[0]))
     finish(
