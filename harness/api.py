@@ -11,7 +11,9 @@ the modules behind these names are the harness's own business and may move.
 * load: clocks, arrival schedules, the serving loop and batching policies, the streaming
   driver, capacity search and sweeps, client processes (local and on Ray);
 * summaries and statistics: ``summarize_trace``, ``summarize_stream``, ``stats``,
-  ``SLO`` / ``parse_slos``, ``Evidence`` / ``judge``, ``SlowLog``, ``Telemetry``;
+  ``SLO`` / ``parse_slos``, ``Evidence`` / ``judge``, ``SlowLog``, ``Telemetry``, and a
+  server's own metrics over a cell (``servermetrics``, for an ``ExposesMetricsText``
+  engine);
 * what a cell reports: ``Headline``, and what the reports need to know of the workload:
   ``ReportSpec`` (declared with ``@pytest.mark.report_spec(ReportSpec(...))``) with its
   parts ``Rate``, ``Paired``, ``LoadSearch`` and the plot kinds (``CdfPlot``,
@@ -25,6 +27,7 @@ from harness.engine import (
     EngineConfig,
     EngineError,
     ExposesCounters,
+    ExposesMetricsText,
     Family,
     GenerationRequest,
     GenerativeEngine,
@@ -37,6 +40,7 @@ from harness.engine import (
     registry,
 )
 from harness.exceptions import UsageError
+from harness.load import noopserver
 from harness.load.arrivals import Arrivals, OpenLoop, RateShape, Schedule, ShapedLoad
 from harness.load.capacity import (
     CapacityResult,
@@ -55,6 +59,7 @@ from harness.load.clients import (
     OpenShare,
     Share,
     SharedLoad,
+    is_network_client,
     run_shared,
 )
 from harness.load.clock import Clock, MonotonicClock, gc_paused
@@ -67,13 +72,15 @@ from harness.load.serving import (
     StaticBatching,
     serve_open_loop,
 )
+from harness.load.sessions import Session, Turn, active_sessions, run_sessions
+from harness.load.sessions import durations as session_durations
 from harness.load.stream_summary import summarize_stream
 from harness.load.streamdriver import Driver
-from harness.metrics import stats
+from harness.metrics import servermetrics, stats
 from harness.metrics.slowlog import SlowLog
 from harness.metrics.streamtiming import SLO, RequestRecord, parse_slos
 from harness.metrics.telemetry import Telemetry
-from harness.metrics.validity import DRIFTED, Evidence, Verdict, judge
+from harness.metrics.validity import DRIFTED, Evidence, Policy, Verdict, judge
 from harness.plugin import OpenEngine, settings_of
 from harness.results.records import Headline
 from harness.results.reportspec import (
@@ -89,10 +96,17 @@ from harness.results.reportspec import (
     TrafficPlot,
 )
 from harness.session.cell import Cell
-from harness.session.config import IMAGE_SUFFIXES, ProfileName, RunSettings, cache_root
+from harness.session.config import (
+    AUTO_CLIENTS,
+    IMAGE_SUFFIXES,
+    ProfileName,
+    RunSettings,
+    cache_root,
+)
 from harness.session.execution import ClientsOn
 
 __all__ = [
+    "AUTO_CLIENTS",
     "DRIFTED",
     "IMAGE_SUFFIXES",
     "SLO",
@@ -111,6 +125,7 @@ __all__ = [
     "EngineError",
     "Evidence",
     "ExposesCounters",
+    "ExposesMetricsText",
     "Family",
     "GenerationRequest",
     "GenerativeEngine",
@@ -129,6 +144,7 @@ __all__ = [
     "OpenShare",
     "Paired",
     "Point",
+    "Policy",
     "PolicyCurvePlot",
     "ProfileName",
     "Rate",
@@ -140,6 +156,7 @@ __all__ = [
     "RunSettings",
     "Schedule",
     "SearchPolicy",
+    "Session",
     "ShapedLoad",
     "Share",
     "SharedLoad",
@@ -152,19 +169,26 @@ __all__ = [
     "TensorEngine",
     "TensorSpec",
     "TrafficPlot",
+    "Turn",
     "UsageError",
     "Verdict",
+    "active_sessions",
     "cache_root",
     "capacity_search",
     "counter_delta",
     "device_spans",
     "e2e_slos",
     "gc_paused",
+    "is_network_client",
     "judge",
+    "noopserver",
     "parse_slos",
     "registry",
+    "run_sessions",
     "run_shared",
     "serve_open_loop",
+    "servermetrics",
+    "session_durations",
     "settings_of",
     "stats",
     "summarize_stream",

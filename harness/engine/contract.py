@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -286,12 +286,18 @@ class Chunk:
     client_stats: Mapping[str, float] | None = None
     """The adapter's own timings of the request in seconds (an HTTP engine:
     ``http_headers_s``, sent to response headers), feeding the stage breakdown."""
+    reasoning_tokens: int = 0
+    """Of the ``n_tokens``, how many are a reasoning model's reasoning (its thinking, where
+    the stream separates it from the answer, e.g. ``delta.reasoning``); the rest are
+    answer. ``text`` is the answer's text only."""
 
     def __post_init__(self) -> None:
         if self.n_tokens < 0:
             raise ValueError("n_tokens must be >= 0")
         if self.token_ids and len(self.token_ids) != self.n_tokens:
             raise ValueError("n_tokens must equal len(token_ids) when ids are given")
+        if not 0 <= self.reasoning_tokens <= self.n_tokens:
+            raise ValueError("reasoning_tokens must be between 0 and n_tokens")
 
 
 @runtime_checkable
@@ -332,6 +338,24 @@ class ExposesCounters(Protocol):
     """
 
     def counters(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class ExposesMetricsText(Protocol):
+    """An engine whose server publishes its state as Prometheus text (an HTTP server's
+    ``/metrics``; an in-process engine: its process's ``prometheus_client`` registry).
+
+    ``metrics_text(names)`` returns that text as it is now. The harness calls it a few
+    times a second from a background thread while a cell runs
+    (harness.metrics.servermetrics), so it must be cheap and must not use the engine's
+    event loop. ``names``: the sample names the harness reads; an engine may leave the
+    others out of the text (None: all)::
+
+        def metrics_text(self, names: Collection[str] | None = None) -> str:
+            return httpx.get(f"{self.base_url}/metrics").text
+    """
+
+    def metrics_text(self, names: Collection[str] | None = None) -> str: ...
 
 
 DEVICE_STAGES = ("h2d", "compute", "d2h")

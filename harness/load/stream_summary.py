@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from harness.metrics import slowlog, stats
+from harness.metrics import peers, slowlog, stats
 from harness.metrics.streamtiming import SLO, RequestRecord, StreamMetrics
 from harness.metrics.validity import Evidence, latency_trend
 
@@ -68,6 +68,8 @@ def summarize_stream(
         m.to_json()
         | {"lag": stats.to_json(stats.summarize(lag))}
         | stats.stage_breakdown(stage, e2e)
+        # the same requests under vllm bench serve's, AIPerf's and GuideLLM's definitions
+        | {"peers": peers.reconcile(records)}
     )
     achieved = len(ok) / m.window_s if m.window_s > 0 else 0.0
     lag_p99 = stats.conservative(lag, 99.0) if offered_rate else None

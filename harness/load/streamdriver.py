@@ -52,7 +52,7 @@ milliseconds), which is generator lag; the last stretch of a wait yields to the 
 instead of sleeping, so other requests' I/O still runs while this one is due."""
 
 
-async def _sleep_until(clock: Clock, deadline: float) -> None:
+async def sleep_until(clock: Clock, deadline: float) -> None:
     delay = deadline - clock.now()
     if delay > SPIN_S:
         await asyncio.sleep(delay - SPIN_S)
@@ -69,6 +69,7 @@ class _Seen:
 
     times: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    reasoning: list[int] = field(default_factory=list)
     reported: int | None = None
     prompt_tokens: int | None = None
     engine_stats: Mapping[str, float] | None = None
@@ -78,6 +79,7 @@ class _Seen:
     def take(self, chunk: Chunk, now: float) -> None:
         self.times.append(now)
         self.tokens.append(chunk.n_tokens)
+        self.reasoning.append(chunk.reasoning_tokens)
         self.reported = _latest(chunk.completion_tokens, self.reported)
         self.prompt_tokens = _latest(chunk.prompt_tokens, self.prompt_tokens)
         self.engine_stats = _latest(chunk.engine_stats, self.engine_stats)
@@ -130,6 +132,8 @@ class Driver:
             t_end=clock.now(),
             chunk_times=tuple(seen.times),
             chunk_tokens=tuple(seen.tokens),
+            # empty unless some chunk had reasoning: other streams' records are unchanged
+            chunk_reasoning=tuple(seen.reasoning) if any(seen.reasoning) else (),
             n_in=n_in,
             n_in_source=source,
             n_asked=req.max_tokens,
@@ -183,7 +187,7 @@ class Driver:
             tasks: dict[int, asyncio.Task[RequestRecord]] = {}
             for i in np.argsort(offsets, kind="stable").tolist():
                 t_sched = start + float(offsets[i])
-                await _sleep_until(self.clock, t_sched)
+                await sleep_until(self.clock, t_sched)
                 tasks[i] = asyncio.create_task(self.one(requests[i], t_sched))
             return [await tasks[i] for i in range(len(requests))]
 
@@ -210,7 +214,7 @@ class Driver:
             group = range(first, min(first + batch, len(requests)))
             # released when full and the previous group is done; sleeping past that is lag
             released = max(float(due[group[-1]]), prev_end)
-            await _sleep_until(self.clock, released)
+            await sleep_until(self.clock, released)
             out.extend(
                 await asyncio.gather(
                     *(self.one(requests[i], float(due[i]), t_intended=released) for i in group)

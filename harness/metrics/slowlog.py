@@ -2,8 +2,10 @@
 
 A request is slow when its latency exceeds twice the cell's p99 or an SLO threshold.
 Each one is kept with its stage spans (where time went), the generator's lag (was the
-client late?) and, when the record is written, the telemetry samples around it (was
-the machine busy, did memory jump?). The log keeps the slowest ``LIMIT`` and counts all.
+client late?), for a server the harness scraped its state when the request was sent
+(how many requests ran and waited, how full its KV cache was) and, when the record is
+written, the telemetry samples around it (was the machine busy, did memory jump?). The
+log keeps the slowest ``LIMIT`` and counts all.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class SlowRequest:
     why: str
     spans: Mapping[str, float]
     lag_s: float | None = None
+    server: Mapping[str, float] | None = None
+    """The server's state when it was sent (harness.metrics.servermetrics), where scraped."""
 
     def __post_init__(self) -> None:
         if self.t_end < self.t_sched or self.latency_s < 0:
@@ -106,6 +110,8 @@ def with_telemetry(
             "spans": dict(req.spans),
             "lag_s": req.lag_s,
         }
+        if req.server is not None:
+            entry["server"] = dict(req.server)
         if t.size and origin is not None:
             lo, hi = req.t_sched - origin - interval, req.t_end - origin + interval
             entry["telemetry"] = _around(series, t, lo, hi)

@@ -10,6 +10,12 @@ output tokens it carried. From those alone:
 * ``itl``: each gap between successive token-carrying chunks, spread evenly over the k
   tokens of the later chunk (k samples of gap/k); ``icl`` keeps the raw chunk gaps;
 * ``e2e`` = t_last - t_sched, ``service`` = t_last - t_send, ``queue`` = t_send - t_sched.
+
+A reasoning model's stream may say which tokens are reasoning (its thinking) and which
+are the answer (``Chunk.reasoning_tokens``): ``ttft`` stays the time to the first token
+of any kind, ``ttft_answer`` = t_first_answer - t_sched is the time to the first answer
+token, and the ``reasoning`` section splits the tokens; both appear only in cells where
+some request had reasoning, so other cells' records are unchanged.
 """
 
 from __future__ import annotations
@@ -47,10 +53,19 @@ class RequestRecord:
     lag: float = 0.0
     """The generator's own lateness: actual send minus when it meant to send (open loop:
     t_sched; static batches: when the batch was released). Queueing is not lag."""
+    chunk_reasoning: tuple[int, ...] = ()
+    """Of each chunk's tokens, how many were reasoning (``Chunk.reasoning_tokens``);
+    empty: no chunk had any (every token is answer)."""
 
     def __post_init__(self) -> None:
         if len(self.chunk_times) != len(self.chunk_tokens):
             raise ValueError("one token count per chunk")
+        if self.chunk_reasoning:
+            if len(self.chunk_reasoning) != len(self.chunk_tokens):
+                raise ValueError("one reasoning token count per chunk (or none)")
+            pairs = zip(self.chunk_reasoning, self.chunk_tokens, strict=True)
+            if any(not 0 <= r <= k for r, k in pairs):
+                raise ValueError("a chunk's reasoning tokens must be between 0 and its tokens")
         if self.t_send < self.t_sched - 1e-3 or self.t_end < self.t_send:
             raise ValueError("timestamps out of order")
 
@@ -67,12 +82,47 @@ class RequestRecord:
     def ok(self) -> bool:
         return self.error is None and self.n_counted > 0
 
+    @property
+    def n_reasoning(self) -> int:
+        """Reasoning tokens counted in the stream (0: none, or not separated)."""
+        return sum(self.chunk_reasoning)
+
+    @property
+    def n_answer(self) -> int:
+        """Answer tokens counted in the stream: every counted token that is not reasoning."""
+        return self.n_counted - self.n_reasoning
+
+    @property
+    def has_reasoning(self) -> bool:
+        return self.n_reasoning > 0
+
     def _token_times(self) -> list[tuple[float, int]]:
         return [(t, k) for t, k in zip(self.chunk_times, self.chunk_tokens, strict=True) if k > 0]
 
     @property
     def t_first(self) -> float:
+        """The first token of any kind, reasoning or answer."""
         return self._token_times()[0][0]
+
+    @property
+    def ttft(self) -> float:
+        """Scheduled time to the first token of any kind."""
+        return self.t_first - self.t_sched
+
+    @property
+    def t_first_answer(self) -> float | None:
+        """The first answer token (None: the stream had none, all of it reasoning)."""
+        reasoning = self.chunk_reasoning or (0,) * len(self.chunk_tokens)
+        for t, k, r in zip(self.chunk_times, self.chunk_tokens, reasoning, strict=True):
+            if k > r:
+                return t
+        return None
+
+    @property
+    def ttft_answer(self) -> float | None:
+        """Scheduled time to the first answer token; without reasoning, ``ttft``."""
+        t = self.t_first_answer
+        return None if t is None else t - self.t_sched
 
     @property
     def t_last(self) -> float:
@@ -200,9 +250,18 @@ class StreamMetrics:
 
     def samples(self) -> dict[str, list[float]]:
         ok = self.ok
+        # only where some request reasoned (other cells' records stay as they were); a
+        # request without reasoning answers at its first token, one that never reached
+        # its answer (all reasoning) has no sample
+        answer = (
+            {"ttft_answer": [t for r in ok if (t := r.ttft_answer) is not None]}
+            if any(r.has_reasoning for r in ok)
+            else {}
+        )
         return {
-            "ttft": [r.t_first - r.t_sched for r in ok],
+            "ttft": [r.ttft for r in ok],
             "ttft_send": [r.t_first - r.t_send for r in ok],
+            **answer,
             "tpot": [t for r in ok if (t := r.tpot) is not None],
             "itl": [g for r in ok for g in r.itl()],
             "icl": [g for r in ok for g in r.icl()],
@@ -218,6 +277,8 @@ class StreamMetrics:
         for name, values in s.items():
             # every failed request counts in the error-adjusted percentiles of each latency
             fails = failed if name not in ("queue", "icl") else 0
+            if name == "ttft_answer":  # and so does a request that never reached its answer
+                fails += sum(r.t_first_answer is None for r in self.ok)
             out[name] = stats.to_json(stats.summarize(values, fails))
         ok = self.ok
         n_out = sum(r.n_out for r in ok)
@@ -238,7 +299,22 @@ class StreamMetrics:
         }
         out["errors"] = failures.tally(r.error for r in self.records if r.error is not None)
         out["engine_side"] = self._engine_side()
+        if any(r.has_reasoning for r in ok):
+            out["reasoning"] = self._reasoning()
         return out
+
+    def _reasoning(self) -> dict[str, object]:
+        """The reasoning/answer split of the tokens counted in the stream (ok requests)."""
+        ok = self.ok
+        reasoning = sum(r.n_reasoning for r in ok)
+        answer = sum(r.n_answer for r in ok)
+        return {
+            "requests": sum(r.has_reasoning for r in ok),
+            "without_answer": sum(r.t_first_answer is None for r in ok),
+            "reasoning_tokens": reasoning,
+            "answer_tokens": answer,
+            "reasoning_share": reasoning / (reasoning + answer),
+        }
 
     def _engine_side(self) -> dict[str, object]:
         """The engine's own per-request timings, beside the client-side ones, where offered."""

@@ -50,8 +50,9 @@ class Written:
 
 
 def drill_down(record: CellRecord, run_environment: dict[str, Any] | None = None) -> str:
-    """The record as indented JSON, raw samples and telemetry series summarized, and
-    the environment left out where it is the run's (shown once, in the runs table)."""
+    """The record as indented JSON, raw samples and the telemetry and server series
+    summarized, and the environment left out where it is the run's (shown once, in the
+    runs table)."""
     data: dict[str, Any] = json.loads(record.model_dump_json())
     if record.report_spec is None:  # an older record: it declared nothing
         del data["report_spec"]
@@ -63,6 +64,13 @@ def drill_down(record: CellRecord, run_environment: dict[str, Any] | None = None
     series = data.get("telemetry", {}).get("series")
     if isinstance(series, dict):
         data["telemetry"]["series"] = {k: f"{len(v)} values" for k, v in series.items()}
+    server = data.get("metrics", {}).get("server")
+    for key in ("series", "scheduled") if isinstance(server, dict) else ():
+        part = server.get(key)
+        if isinstance(part, dict):
+            server[key] = {k: f"{len(v)} values" for k, v in part.items()}
+        elif isinstance(part, list):
+            server[key] = f"{len(part)} values"
     slow = data.get("slow_requests", [])
     if len(slow) > DRILL_DOWN_SLOW_REQUESTS:
         data["slow_requests"] = [*slow[:DRILL_DOWN_SLOW_REQUESTS], f"... {len(slow)} in all"]

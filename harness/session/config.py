@@ -109,7 +109,9 @@ class RunSettings:
     engine_options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     slos: tuple[SLO, ...] = ()
     clients: int = 1
-    """Client processes that share the load of an HTTP engine (harness.load.clients)."""
+    """Client processes that share the load of an HTTP engine (harness.load.clients);
+    ``AUTO_CLIENTS`` (0): as many as the cell's offered load needs, from the measured
+    ceiling of one client process (workloads/clientceiling.py)."""
     clients_on: ClientsOn = ClientsOn.LOCAL
     reliability: Reliability = field(default_factory=Reliability)
     dist: Distribution = field(default_factory=Distribution)
@@ -305,7 +307,7 @@ def parse_settings(
     dynamic_batch: bool = False,
     engine_options: Sequence[str] | None = None,
     slo: str | None = None,
-    clients: int = 1,
+    clients: int | str = 1,
     clients_on: str = "local",
     reliability: Reliability | None = None,
     dist: Distribution | None = None,
@@ -330,7 +332,7 @@ def parse_settings(
         engine_options=_engine_options(engine_options, names),
         slos=_slos(slo),
         clients=_clients(clients, names),
-        clients_on=_clients_on(clients_on, clients, dist),
+        clients_on=_clients_on(clients_on, _clients(clients, names), dist),
         reliability=reliability,
         dist=dist,
         repeats=check_repeats(repeats, reliability, dist),
@@ -359,7 +361,17 @@ def check_writable_dir(path: Path, option: str) -> None:
         ) from None
 
 
-def _clients(clients: int, engines: Sequence[str]) -> int:
+AUTO_CLIENTS = 0
+"""``--clients auto``."""
+
+
+def _clients(clients: int | str, engines: Sequence[str]) -> int:
+    if clients == "auto":
+        return AUTO_CLIENTS
+    try:
+        clients = int(clients)
+    except ValueError:
+        raise UsageError(f"--clients {clients!r}: give a number of processes or auto") from None
     """Several client processes each hold their own engine instance: only an engine that
     is a client of a server (HTTP) can be driven that way."""
     if clients < 1:

@@ -90,11 +90,12 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--clients",
-        type=int,
-        default=1,
-        metavar="N",
+        default="1",
+        metavar="N|auto",
         help="client processes sharing the load of an HTTP engine, each taking every N-th"
-        " scheduled request (default: 1, the load comes from this process)",
+        " scheduled request (default: 1, the load comes from this process); auto: as many"
+        " as each cell's offered load needs, from what one client process was measured to"
+        " sustain against a no-op server",
     )
     group.addoption(
         "--clients-on",

@@ -132,7 +132,27 @@ def capacity(engine: str, run_id: str, env: dict[str, Any]) -> CellRecord:
     )
 
 
-def streaming(engine: str, run_id: str, env: dict[str, Any]) -> CellRecord:
+def server_view(rng: np.random.Generator, n: int) -> dict[str, Any]:
+    """``metrics.server`` of a 30 s cell: scrapes every 0.25 s from before its first
+    request, a queue that builds up and drains, and each request's scheduled time."""
+    t = [round(-0.25 + 0.25 * i, 4) for i in range(124)]
+    load = [max(0.0, 8 * np.sin(np.pi * x / 30)) for x in t]
+    return {
+        "series": {
+            "t": t,
+            "requests_running": [float(min(4, round(x))) for x in load],
+            "requests_waiting": [float(max(0, round(x) - 4)) for x in load],
+            "kv_cache_usage": [round(0.05 * min(4, x), 4) for x in load],
+        },
+        "scheduled": [round(float(x), 4) for x in np.sort(rng.uniform(0, 30, n))],
+        "scrapes": len(t),
+        "failed": 0,
+        "client_vs_server": {"gap": {"ttft_s": 0.0012, "e2e_s": 0.0015}},
+    }
+
+
+def streaming(engine: str, run_id: str, env: dict[str, Any], server: bool = False) -> CellRecord:
+    """``server``: with the server's view over time (``metrics.server``)."""
     rng = np.random.default_rng(7)
     ttft = rng.lognormal(np.log(0.05), 0.4, 120)
     e2e = ttft + rng.uniform(0.2, 0.4, 120)
@@ -140,6 +160,8 @@ def streaming(engine: str, run_id: str, env: dict[str, Any]) -> CellRecord:
         "ttft": stats.to_json(stats.summarize(ttft)),
         "e2e": stats.to_json(stats.summarize(e2e)),
     }
+    if server:
+        metrics["server"] = server_view(rng, 120)
     return _record(
         engine,
         f"streaming.{engine}.concurrency=4",
@@ -209,7 +231,7 @@ def write_run(
         not_ok(engine, rid, env, Status.FAILED),
         sweep(engine, rid, env, scale),
         capacity(engine, rid, env),
-        streaming(engine, rid, env),
+        streaming(engine, rid, env, server=True),
         preprocessing(engine, rid, env, "pil"),
         preprocessing(engine, rid, env, "opencv"),
     ]
