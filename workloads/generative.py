@@ -33,6 +33,7 @@ from harness.api import (
     LocalProcesses,
     MonotonicClock,
     OpenEngine,
+    OpenLoop,
     OpenShare,
     RayActors,
     RequestRecord,
@@ -198,6 +199,19 @@ class LoadSource:
         last = float(offsets[-1]) if offsets.size else 0.0
         sent = self._shared(requests, OpenShare(tuple(offsets.tolist())), last)
         return replace(sent, ceiling=ceiling)
+
+    def at_level(
+        self, load: str, level: float, requests: Sequence[GenerationRequest], seed: int
+    ) -> tuple[Sent, float | None, npt.NDArray[np.float64] | None]:
+        """The streaming workloads' loads: ``closed``, ``level`` users; ``open``, Poisson at
+        ``level`` requests/s over the requests' count. With the offered rate and the
+        schedule (None for a closed loop)."""
+        if load == "closed":
+            return self.closed_loop(requests, int(level)), None, None
+        n = len(requests)
+        offsets = OpenLoop(rate=level, duration=n / level).schedule(seed)[:n]
+        sent = self.open_loop(requests[: len(offsets)], offsets)
+        return sent, len(offsets) / (n / level), offsets
 
     def _size_for(self, offsets: npt.NDArray[np.float64]) -> dict[str, Any] | None:
         """The client ceiling of an HTTP engine (measured once per process), the client

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness.api import Cell, OpenEngine, OpenLoop, ReportSpec, RunSettings, settings_of
+from harness.api import Cell, OpenEngine, ReportSpec, RunSettings, settings_of
 from workloads import datasets, reporting
 from workloads.generative import (
     engine_counters,
@@ -90,13 +90,7 @@ def test_dataset(
     source.warm_up(warm, 4)
     before = read_counters(engine)
     server = watch_server(request, engine)  # the server's own view, until finish
-    if load == "closed":
-        sent = source.closed_loop(reqs, int(level))
-        offered, offsets = None, None
-    else:
-        offsets = OpenLoop(rate=level, duration=n / level).schedule(seed)[:n]
-        sent = source.open_loop(reqs[: len(offsets)], offsets)
-        offered = len(offsets) / (n / level)
+    sent, offered, offsets = source.at_level(load, level, reqs, seed)
     counters = engine_counters(before, read_counters(engine))
     finish(
         cell,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.api import Cell, GenerationRequest, OpenEngine, OpenLoop, ReportSpec, RunSettings
+from harness.api import Cell, GenerationRequest, OpenEngine, ReportSpec, RunSettings
 from workloads import reporting
 from workloads.generative import (
     engine_counters,
@@ -62,13 +62,7 @@ def test_streaming(
     source.warm_up(warm, 4)
     before = read_counters(engine)
     server = watch_server(request, engine)  # the server's own view, until finish
-    if load == "closed":
-        sent = source.closed_loop(reqs, int(level))
-        offered = None
-    else:
-        offsets = OpenLoop(rate=level, duration=n / level).schedule(seed)[:n]
-        sent = source.open_loop(reqs[: len(offsets)], offsets)
-        offered = len(offsets) / (n / level)
+    sent, offered, _ = source.at_level(load, level, reqs, seed)
     counters = engine_counters(before, read_counters(engine))
     finish(
         cell,
