@@ -163,6 +163,7 @@ class LMDeployEngine:
         devices=frozenset({"cuda"}),
         native_batching=frozenset({BatchingMode.CONTINUOUS}),
         streaming=True,
+        prefix_cache_option="enable_prefix_caching",
     )
 
     def __init__(self, config: EngineConfig) -> None:

@@ -7,6 +7,13 @@ apart: ``max_tokens`` of them, or with ``ignore_eos=False`` a seeded length (see
 ``reply_length``). Both can stall once (``stall_at=N``, ``stall_s=S``): call or
 request N takes S seconds longer, blocking the caller the way an in-process engine
 holding the interpreter does; that is how coordinated omission is shown to be avoided.
+
+``null-gen`` can also model prefill and a prefix cache, for the harness's own tests of
+prefix-caching workloads: ``prefill_token_s`` is the time per prompt token before the
+first token, and with ``prefix_cache=1`` the leading whole ``PREFIX_BLOCK``-token blocks
+of a prompt seen before cost nothing; it counts the prompt tokens it looked up and found
+as ``null_gen:prefix_cache_queries_total`` and ``..._hits_total`` (``counters()``), as
+vLLM counts its own.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from harness.engine import (
     TensorSpec,
     check_inputs,
 )
-from harness.engine.options import OptionSchema, integer, number
+from harness.engine.options import OptionSchema, flag, integer, number
 
 SECONDS = ">= 0 seconds"
 OPTIONS = OptionSchema(
@@ -62,6 +69,19 @@ OPTIONS = OptionSchema(
         must="an integer >= 1",
     ),
 )
+GEN_OPTIONS = OptionSchema(
+    *OPTIONS.options,
+    number(
+        "prefill_token_s",
+        "seconds per prompt token not found in the prefix cache, before the first token",
+        default="0",
+        low=0,
+        must=SECONDS,
+    ),
+    flag("prefix_cache", "reuse whole blocks of a prompt's prefix seen before"),
+)
+PREFIX_BLOCK = 16
+"""Tokens per cached block (vLLM's default block size): only whole blocks are reused."""
 
 
 def _wait(seconds: float) -> None:
@@ -85,7 +105,7 @@ class NullEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.validate_options(config.options)
         self.config = config
-        o = OPTIONS.resolve(config.options)
+        o = self.option_schema.resolve(config.options)
         self.service_time = float(o["service_time_s"])
         self.token_time = float(o["token_time_s"])
         self.stall_s = float(o["stall_s"])
@@ -99,7 +119,7 @@ class NullEngine:
 
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
-        OPTIONS.validate(options)
+        cls.option_schema.validate(options)
 
     def load(self) -> None:
         self.calls = 0
@@ -139,14 +159,18 @@ class NullEngine:
         return {"y": np.zeros((x.shape[0], 1), dtype=np.float32)}
 
 
-def input_tokens(request: GenerationRequest) -> int:
-    """The prompt's tokens as null-gen counts them: its ids, or the whitespace-separated
+def prompt_tokens(request: GenerationRequest) -> tuple[int | str, ...]:
+    """The prompt's tokens as null-gen sees them: its ids, or the whitespace-separated
     words of a text prompt or of a conversation's message contents."""
     if request.kind == "chat":
-        return sum(len(m.content.split()) for m in request.messages)
+        return tuple(w for m in request.messages for w in m.content.split())
     if isinstance(request.prompt, tuple):
-        return len(request.prompt)
-    return len(request.prompt.split())
+        return request.prompt
+    return tuple(request.prompt.split())
+
+
+def input_tokens(request: GenerationRequest) -> int:
+    return len(prompt_tokens(request))
 
 
 def reply_length(request: GenerationRequest) -> int:
@@ -168,16 +192,53 @@ class NullGenerativeEngine(NullEngine):
     """
 
     name: ClassVar[str] = "null-gen"
+    option_schema: ClassVar[OptionSchema] = GEN_OPTIONS
     capabilities: ClassVar[Capabilities] = Capabilities(
         family=Family.GENERATIVE,
         devices=frozenset({"cpu", "cuda"}),
         native_batching=frozenset({BatchingMode.CONTINUOUS}),
         streaming=True,
+        prefix_cache_option="prefix_cache",
     )
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        o = GEN_OPTIONS.resolve(config.options)
+        self.prefill_token_s = float(o["prefill_token_s"])
+        self.prefix_cache = o["prefix_cache"] == "1"
+        self._blocks: set[int] = set()
+        self._queried = self._hit = 0
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        mine = {"prefill_token_s": self.prefill_token_s, "prefix_cache": self.prefix_cache}
+        return info | mine | {"effective": info["effective"] | mine}
+
+    def counters(self) -> dict[str, float]:
+        return {
+            "null_gen:prefix_cache_queries_total": float(self._queried),
+            "null_gen:prefix_cache_hits_total": float(self._hit),
+        }
+
+    def _cached(self, request: GenerationRequest) -> int:
+        """Prompt tokens found in the prefix cache: its leading whole blocks seen before.
+        Remembers its blocks."""
+        if not self.prefix_cache:
+            return 0
+        ids = prompt_tokens(request)
+        self._queried += len(ids)
+        keys = [hash(ids[:end]) for end in range(PREFIX_BLOCK, len(ids) + 1, PREFIX_BLOCK)]
+        found = next((i for i, k in enumerate(keys) if k not in self._blocks), len(keys))
+        self._blocks.update(keys)
+        self._hit += found * PREFIX_BLOCK
+        return found * PREFIX_BLOCK
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         _wait(self._next_call())  # a stall blocks the event loop: the generator with it
         n_in, n_out = input_tokens(request), reply_length(request)
+        prefill = (n_in - self._cached(request)) * self.prefill_token_s
+        if prefill > 0:
+            await asyncio.sleep(prefill)
         finish = "length" if n_out == request.max_tokens else "stop"
         for i in range(n_out):
             if self.token_time > 0:

@@ -54,6 +54,7 @@ from harness.engine import (
     GenerationRequest,
     Message,
     RequestError,
+    counter_totals,
 )
 from harness.engine.options import OptionSchema, choice, custom, flag, number, text
 
@@ -276,18 +277,11 @@ class OpenAIEngine:
 
     def counters(self) -> dict[str, float]:
         """The server's Prometheus counters and histogram sums/counts, summed over labels."""
-        from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
         with self._sync_client() as sync:
             resp = sync.get("/metrics")
         if resp.status_code != 200:
             return {}
-        totals: dict[str, float] = {}
-        for family in text_string_to_metric_families(resp.text):
-            for sample in family.samples:
-                if sample.name.endswith(("_sum", "_count", "_total")):
-                    totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
-        return totals
+        return counter_totals(resp.text)
 
     def metrics_text(self, names: Collection[str] | None = None) -> str:
         """The server's Prometheus text, over one kept-alive connection (the harness

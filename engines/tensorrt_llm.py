@@ -175,6 +175,7 @@ class TensorRTLLMEngine:
         devices=frozenset({"cuda"}),
         native_batching=frozenset({BatchingMode.CONTINUOUS}),
         streaming=True,
+        prefix_cache_option="enable_block_reuse",
     )
 
     def __init__(self, config: EngineConfig) -> None:

@@ -36,6 +36,7 @@ from harness.engine import (
     EngineError,
     Family,
     GenerationRequest,
+    counter_totals,
     installed_version,
 )
 from harness.engine.options import OptionSchema, choice, flag, integer
@@ -71,6 +72,7 @@ class VllmEngine:
         devices=frozenset({"cpu", "cuda"}),
         native_batching=frozenset({BatchingMode.CONTINUOUS}),
         streaming=True,
+        prefix_cache_option="enable_prefix_caching",
     )
 
     def __init__(self, config: EngineConfig) -> None:
@@ -231,6 +233,11 @@ class VllmEngine:
                 finish_reason=completion.finish_reason,
                 engine_stats=_stats(out.metrics) if out.finished else None,
             )
+
+    def counters(self) -> dict[str, float]:
+        """The registry's counters and histogram sums/counts, as a vLLM server's /metrics
+        gives them (engines/openai_http.py): the same account in process."""
+        return counter_totals(self.metrics_text())
 
     def metrics_text(self, names: Collection[str] | None = None) -> str:
         """What vLLM's own /metrics would serve: the process's Prometheus registry, which

@@ -35,3 +35,58 @@ def test_outputs_follow_the_batch_and_the_stall_counts_measured_calls_only():
     out = engine.infer({"x": np.zeros((3, 4), np.float32)})
     assert out["y"].shape == (3, 1)
     assert engine.describe()["stall"] == {"at": 2, "seconds": 0.0}
+
+
+def _send(engine, prompt):
+    import asyncio  # noqa: PLC0415
+
+    from harness.engine import GenerationRequest  # noqa: PLC0415
+
+    async def drain():
+        return [c async for c in engine.generate(GenerationRequest(prompt, 1))]
+
+    return asyncio.run(drain())
+
+
+def test_null_gen_prefix_cache_finds_whole_blocks_seen_before():
+    from engines.null import PREFIX_BLOCK, NullGenerativeEngine  # noqa: PLC0415
+
+    on = NullGenerativeEngine(EngineConfig(Path("m"), options={"prefix_cache": "1"}))
+    shared = tuple(range(4, 4 + 40))  # two whole blocks and 8 tokens
+    _send(on, (*shared, 100))
+    assert on.counters() == {
+        "null_gen:prefix_cache_queries_total": 41.0,
+        "null_gen:prefix_cache_hits_total": 0.0,  # cold
+    }
+    _send(on, (*shared, 200, 201))
+    assert on.counters()["null_gen:prefix_cache_hits_total"] == 2 * PREFIX_BLOCK
+    _send(on, (5, *shared))  # a different first token: no prefix found
+    assert on.counters()["null_gen:prefix_cache_hits_total"] == 2 * PREFIX_BLOCK
+    assert on.counters()["null_gen:prefix_cache_queries_total"] == 41 + 42 + 41
+    off = NullGenerativeEngine(EngineConfig(Path("m")))
+    _send(off, shared)
+    _send(off, shared)
+    assert set(off.counters().values()) == {0.0}  # off: nothing looked up, as vLLM counts
+    assert off.describe()["effective"]["prefix_cache"] is False
+
+
+def test_null_gen_prefill_time_is_for_tokens_not_found(monkeypatch):
+    import asyncio  # noqa: PLC0415
+
+    import engines.null  # noqa: PLC0415
+    from engines.null import NullGenerativeEngine  # noqa: PLC0415
+
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(seconds: float) -> None:  # records what the engine waits
+        slept.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(engines.null.asyncio, "sleep", fake_sleep)
+    opts = {"prefix_cache": "1", "prefill_token_s": "0.0005"}
+    engine = NullGenerativeEngine(EngineConfig(Path("m"), options=opts))
+    prompt = tuple(range(4, 4 + 170))  # 10 whole blocks and 10 tokens
+    _send(engine, prompt)
+    _send(engine, prompt)
+    assert slept == [pytest.approx(170 * 0.0005), pytest.approx(10 * 0.0005)]

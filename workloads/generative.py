@@ -42,6 +42,7 @@ from harness.api import (
     SharedLoad,
     SlowLog,
     counter_delta,
+    registry,
     run_shared,
     servermetrics,
     summarize_stream,
@@ -103,18 +104,21 @@ def _open(
     model: Path,
     options: dict[str, str] | None = None,
     *,
-    prefix_caching: bool = False,
+    prefix_caching: bool | None = None,
 ) -> tuple[GenerativeEngine, EngineConfig]:
     """The engine, and the config it was opened with (for client processes to repeat).
-    ``prefix_caching``: the engine's prefix cache on (vLLM in process, or the server the
-    harness starts for ``openai``); off otherwise, so unique prompts measure no reuse."""
+    ``prefix_caching``: the engine's prefix cache on or off, for a workload that studies
+    it (``prefix_cache_setting``); None: as the adapter defaults (off in every adapter,
+    so that unique prompts measure no reuse)."""
     opts = dict(options or {})
     settings: RunSettings = request.getfixturevalue("harness_settings")
     endpoint = None
-    if prefix_caching and cell.engine == "vllm":
-        opts["enable_prefix_caching"] = "1"
+    if prefix_caching is not None:
+        opts |= prefix_cache_setting(cell.engine, settings, on=prefix_caching)
     if cell.engine == "openai" and "base_url" not in settings.engine_options.get("openai", {}):
-        endpoint = request.getfixturevalue("openai_servers").endpoint(prefix_caching=prefix_caching)
+        endpoint = request.getfixturevalue("openai_servers").endpoint(
+            prefix_caching=bool(prefix_caching)
+        )
         opts["base_url"] = endpoint.base_url
     engine = open_engine(model, options=opts, shared=True)
     if endpoint is not None:
@@ -124,6 +128,46 @@ def _open(
     # as open_engine merges them: the user's --engine-opt values win
     merged = {**opts, **settings.engine_options.get(cell.engine, {})}
     return engine, EngineConfig(model=model, device=settings.device, options=merged)
+
+
+def prefix_cache_setting(engine: str, settings: RunSettings, *, on: bool) -> dict[str, str]:
+    """The option that sets ``engine``'s prefix cache ``on`` or off
+    (``Capabilities.prefix_cache_option``); for ``openai``, none: the server the harness
+    starts is started so. Skips the cell (saying why) where the setting cannot be had:
+    an engine with no such option asked for it on, a server the user runs, or an
+    ``--engine-opt`` that fixes it the other way."""
+    user = settings.engine_options.get(engine, {})
+    if engine == "openai":
+        if "base_url" in user:
+            pytest.skip(
+                "prefix caching is the setting of the server at base_url: benchmark it"
+                " started with and without it, and compare the two runs"
+            )
+        return {}
+    option = registry.load(engine).capabilities.prefix_cache_option
+    if option is None:
+        if on:
+            pytest.skip(f"{engine} has no prefix cache the harness can turn on")
+        return {}
+    value = "1" if on else "0"
+    if user.get(option, value) != value:
+        pytest.skip(
+            f"--engine-opt {option}={user[option]} fixes the prefix cache; this cell"
+            f" studies it {'on' if on else 'off'}"
+        )
+    return {option: value}
+
+
+def prefix_cache_account(counters: dict[str, float]) -> dict[str, Any]:
+    """The engine's own prefix-cache account of a cell (``engine_counters``): prompt
+    tokens looked up in the cache and found there (vLLM and null-gen count tokens)."""
+    found = {k: v for k, v in counters.items() if PREFIX_COUNTERS in k}
+    if not found:
+        return {"absent": "the engine exposes no prefix-cache counters"}
+    hits = sum(v for k, v in found.items() if "prefix_cache_hits" in k)
+    queries = sum(v for k, v in found.items() if "prefix_cache_queries" in k)
+    # no queries: the cache is off (vLLM then counts nothing)
+    return {"hits": hits, "queries": queries, "hit_rate": hits / queries if queries else None}
 
 
 @dataclass(frozen=True)
@@ -275,7 +319,7 @@ def load_source(
     model: Path,
     aio: asyncio.Runner,
     *,
-    prefix_caching: bool = False,
+    prefix_caching: bool | None = None,
 ) -> tuple[GenerativeEngine, LoadSource]:
     """The cell's engine (here: describe(), counters) and where its load comes from."""
     engine, config = _open(request, open_engine, cell, model, prefix_caching=prefix_caching)
@@ -317,6 +361,10 @@ ENGINE_COUNTERS = (
 )
 
 
+PREFIX_COUNTERS = "prefix_cache_"
+"""In a counter's name: a prefix-cache counter, of any engine (vLLM's, null-gen's)."""
+
+
 def read_counters(engine: GenerativeEngine) -> dict[str, float] | None:
     return engine.counters() if isinstance(engine, ExposesCounters) else None
 
@@ -328,7 +376,7 @@ def engine_counters(
     if before is None or after is None:
         return {}
     delta = counter_delta(before, after)
-    return {k: v for k, v in delta.items() if k.startswith(ENGINE_COUNTERS)}
+    return {k: v for k, v in delta.items() if k.startswith(ENGINE_COUNTERS) or PREFIX_COUNTERS in k}
 
 
 @dataclass(frozen=True)

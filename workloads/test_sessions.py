@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -42,6 +41,7 @@ from workloads.generative import (
     engine_counters,
     finish,
     load_source,
+    prefix_cache_account,
     read_counters,
     traffic_samples,
     watch_server,
@@ -132,17 +132,6 @@ def turn_samples(turns: list[Turn]) -> dict[str, list[float]]:
     }
 
 
-def prefix_hits(counters: dict[str, float]) -> dict[str, Any]:
-    """The server's own prefix-cache account of the cell (vLLM counts tokens)."""
-    found = {k: v for k, v in counters.items() if "prefix_cache_" in k}
-    if not found:
-        return {"absent": "the engine exposes no prefix-cache counters (an in-process engine)"}
-    hits = sum(v for k, v in found.items() if "prefix_cache_hits" in k)
-    queries = sum(v for k, v in found.items() if "prefix_cache_queries" in k)
-    # no queries: the cache is off (vLLM then counts nothing)
-    return {"hits": hits, "queries": queries, "hit_rate": hits / queries if queries else None}
-
-
 @pytest.mark.requires(family="generative", streaming=True)
 @pytest.mark.report_spec(REPORT)
 @pytest.mark.parametrize("prefix_cache", ["off", "on"])
@@ -186,7 +175,7 @@ def test_sessions(
             "rate_per_s": SESSION_RATE,
             "think_median_s": THINK_MEDIAN_S,
         },
-        "prefix_cache": prefix_hits(counters),
+        "prefix_cache": prefix_cache_account(counters),
         "engine_counters": counters,
     }
     finish(

@@ -155,6 +155,15 @@ class _Lifecycle:
         assert factory.capabilities.family is self.family
         assert factory.capabilities.supports_device(subject.device)
 
+    def test_prefix_cache_option_is_a_flag_it_takes(self, subject: Subject) -> None:
+        name = subject.factory.capabilities.prefix_cache_option
+        if name is None:
+            return  # declares no prefix cache: nothing to check
+        for value in ("0", "1"):  # a flag: both settings taken, anything else refused
+            subject.factory.validate_options({name: value})
+        with pytest.raises(ValueError, match=name):
+            subject.factory.validate_options({name: "sometimes"})
+
     def test_unknown_options_are_refused_by_name(self, subject: Subject) -> None:
         with pytest.raises(ValueError, match="no_such_option"):
             subject.factory.validate_options({"no_such_option": "1"})

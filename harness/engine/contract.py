@@ -101,12 +101,20 @@ class Capabilities:
     native_batching: frozenset[BatchingMode] = frozenset()
     streaming: bool = False
     dynamic_shapes: bool = False
+    prefix_cache_option: str | None = None
+    """The flag option (``"0"``/``"1"``) that turns the engine's prefix cache (KV-block
+    reuse across requests) on, e.g. vLLM's ``enable_prefix_caching``; a workload that
+    studies prefix caching sets it both ways. None: none the harness can turn on."""
 
     def __post_init__(self) -> None:
         if not self.devices:
             raise ValueError("an engine must support at least one device kind")
         if self.streaming and self.family is not Family.GENERATIVE:
             raise ValueError("only generative engines stream")
+        if self.prefix_cache_option is not None and self.family is not Family.GENERATIVE:
+            raise ValueError("only generative engines have a prefix cache")
+        if self.prefix_cache_option == "":
+            raise ValueError("prefix_cache_option names an option, or is None")
 
     def supports_device(self, device: str) -> bool:
         """``device`` is ``cpu``, ``cuda`` or ``cuda:N``; capability is per device kind."""
@@ -386,6 +394,20 @@ def device_spans(engine: object, within: str = "infer") -> dict[str, float]:
     if unknown:
         raise EngineError(f"device_times() returned unknown stages {sorted(unknown)}")
     return {f"{within}.{k}": float(v) for k, v in times.items()}
+
+
+def counter_totals(text: str) -> dict[str, float]:
+    """Prometheus text's counters and histogram sums and counts, each summed over its
+    label sets: what an ``ExposesCounters`` engine that serves Prometheus metrics returns
+    from ``counters()``. Parsed by ``prometheus_client`` (the engine's dependency)."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count", "_total")):
+                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    return totals
 
 
 def counter_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
