@@ -104,6 +104,7 @@ from harness.session.config import (
     cache_root,
 )
 from harness.session.execution import ClientsOn
+from harness.session.traffic import SessionSpec
 
 __all__ = [
     "AUTO_CLIENTS",
@@ -157,6 +158,7 @@ __all__ = [
     "Schedule",
     "SearchPolicy",
     "Session",
+    "SessionSpec",
     "ShapedLoad",
     "Share",
     "SharedLoad",

@@ -56,6 +56,7 @@ def defaults(**over: object) -> dict[str, object]:
         "trace_rate": None,
         "trace_slice": None,
         "trace_limit": None,
+        "session_spec": None,
     }
     return base | over
 
@@ -72,12 +73,68 @@ def defaults(**over: object) -> dict[str, object]:
         ({"trace": __file__, "trace_slice": "5:1"}, "--trace-slice '5:1': expected START:END"),
         ({"trace_format": "csv"}, "--trace-format 'csv': choose one of"),
         ({"output_cap": 0}, "--output-cap must be >= 1"),
+        ({"session_spec": "turns=2,size=3"}, "'size=3' is not KEY=VALUE with KEY one of turns"),
+        ({"session_spec": "turns"}, "'turns' is not KEY=VALUE"),
+        ({"session_spec": "user=lots"}, "user must be a number"),
+        ({"session_spec": "turns=2.5"}, "turns, user and reply are whole numbers"),
+        ({"session_spec": "turns=0"}, "turns, user and reply must be >= 1"),
+        ({"session_spec": "rate=0"}, "rate must be > 0 sessions/s"),
+        ({"session_spec": "think=-1"}, "think must be >= 0 seconds"),
+        ({"session_spec": "think=inf"}, "think must be finite"),
     ],
 )
 def test_bad_traffic_options_are_usage_errors(over: dict[str, object], message: str) -> None:
     with pytest.raises(UsageError, match=None) as info:
         parse_traffic(**defaults(**over))  # type: ignore[arg-type]
     assert message in str(info.value)
+
+
+def test_a_session_spec_names_what_it_changes_and_defaults_the_rest() -> None:
+    traffic = parse_traffic(**defaults(session_spec="turns=4, reply=48,rate=2.5"))  # type: ignore[arg-type]
+    spec = traffic.session_spec
+    assert spec is not None
+    assert (spec.turns, spec.user, spec.reply, spec.think, spec.rate) == (4, 32, 48, 0.2, 2.5)
+    assert spec.label == "spec-t4-u32-r48-think0.2-rate2.5"
+    assert traffic.to_json()["session_spec"] == {
+        "turns": 4,
+        "user": 32,
+        "reply": 48,
+        "think": 0.2,
+        "rate": 2.5,
+    }
+    # without one the settings are what runs made before the option recorded
+    assert "session_spec" not in parse_traffic(**defaults()).to_json()  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_sessions_from_a_spec_hit_the_prefix_cache_only_when_on(tmp_path: Path) -> None:
+    run = run_workloads(
+        tmp_path,
+        *NULL_GEN,
+        FAST_TOKENS,
+        "--engine-opt=null-gen.prefill_token_s=0.0002",
+        f"--model={fake_model(tmp_path)}",
+        "--requests=100",
+        "--session-spec=turns=4,user=40,reply=8,think=0.05,rate=8",
+        "-k",
+        "test_sessions",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    by_cache = {r.params["prefix_cache"]: r for r in run.records.values()}
+    for record in by_cache.values():
+        assert record.status is Status.OK, record.reasons
+        assert record.params["dataset"] == "spec-t4-u40-r8-think0.05-rate8"
+        sessions = record.metrics["sessions"]
+        assert sessions["source"] == "spec"
+        assert sessions["count"] == 25  # 100 turns of 4
+        assert sessions["turns"] == 100
+        assert record.metrics["ttft_later_turns"]["count"] == 75
+        assert set(record.samples["asked_tokens"]) == {8.0}
+    on, off = by_cache["on"].metrics["prefix_cache"], by_cache["off"].metrics["prefix_cache"]
+    assert off["hits"] == 0
+    assert on["hits"] > 0  # each later turn's history: the earlier turns' whole blocks
+    later = {k: r.metrics["ttft_later_turns"]["p50"] for k, r in by_cache.items()}
+    assert later["on"] < later["off"], later
 
 
 def test_speed_and_rate_exclude_each_other(tmp_path: Path) -> None:

@@ -525,6 +525,11 @@ def _vocabulary() -> tuple[tuple[str, ...], npt.NDArray[np.float64]]:
     return words, weights / weights.sum()
 
 
+def synthetic_text(rng: np.random.Generator, n_words: int) -> str:
+    """``n_words`` of the generated conversations' pseudo-words, in sentences."""
+    return _text(rng, n_words)
+
+
 def _text(rng: np.random.Generator, n_words: int) -> str:
     """``n_words`` words in sentences of 4 to 15, so the text splits into exactly that."""
     words, p = _vocabulary()

@@ -1,13 +1,14 @@
 """Multi-turn sessions, with the engine's prefix cache off and on.
 
-A session is a conversation from ``--dataset`` (its multi-turn entries: ShareGPT files,
-JSONL with messages) or the generated conversations: each turn sends the history so far
-(the engine's own replies included) plus the next user message, once the previous answer
-has arrived and a seeded think time has passed; sessions arrive open loop (Poisson) and
-overlap (harness.load.sessions). Reports TTFT and E2E of first turns and of later turns
-apart (a later turn's history is what a prefix cache can reuse), session durations, how
-many sessions were open at once, and the prefix-cache queries and hits the server
-counted. ``prefix_cache`` off and on are the two contenders: the same sessions, so the
+A session is a conversation from ``--session-spec`` (synthetic: turns, words per message,
+tokens per reply, think time, session rate), ``--dataset`` (its multi-turn entries:
+ShareGPT files, JSONL with messages) or the generated conversations: each turn sends the
+history so far (the engine's own replies included) plus the next user message, once the
+previous answer has arrived and a seeded think time has passed; sessions arrive open loop
+(Poisson) and overlap (harness.load.sessions). Reports TTFT and E2E of first turns and of
+later turns apart (a later turn's history is what a prefix cache can reuse), session
+durations, how many sessions were open at once, and the prefix-cache queries and hits the
+engine counted. ``prefix_cache`` off and on are the two contenders: the same sessions, so the
 TTFT difference is what the cache buys.
 """
 
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from harness.api import (
     Cell,
+    GenerativeEngine,
     Headline,
     Message,
     OpenEngine,
@@ -28,6 +31,7 @@ from harness.api import (
     ReportSpec,
     RunSettings,
     Session,
+    SessionSpec,
     Turn,
     active_sessions,
     run_sessions,
@@ -77,8 +81,32 @@ SESSION_HEADLINE = (
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "dataset" in metafunc.fixturenames:
         traffic = settings_of(metafunc.config).traffic
-        label = traffic_label(traffic.dataset, datasets.DEFAULT_NAME)
+        if traffic.session_spec is not None:
+            label = traffic.session_spec.label
+        else:
+            label = traffic_label(traffic.dataset, datasets.DEFAULT_NAME)
         metafunc.parametrize("dataset", [label], ids=[label])
+
+
+def spec_sessions(spec: SessionSpec, count: int, seed: int) -> list[Session]:
+    """``count`` sessions as ``--session-spec`` describes them, seeded."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        turns = tuple(
+            (Message("user", datasets.synthetic_text(rng, spec.user)),) for _ in range(spec.turns)
+        )
+        think = rng.lognormal(np.log(max(spec.think, 1e-9)), 0.5, size=spec.turns - 1)
+        out.append(
+            Session(
+                turns=turns,
+                max_tokens=(spec.reply,) * spec.turns,
+                references=(datasets.synthetic_text(rng, spec.reply),) * spec.turns,
+                think_s=tuple(float(t) if spec.think > 0 else 0.0 for t in think),
+                session_id=f"s{seed}-{i}",
+            )
+        )
+    return out
 
 
 def to_sessions(entries: list[datasets.Entry], seed: int, ignore_eos: bool) -> list[Session]:
@@ -148,17 +176,19 @@ def test_sessions(
     model = server_model(settings, cell.engine)
     on = prefix_cache == "on"
     engine, source = load_source(request, open_engine, cell, model, aio, prefix_caching=on)
-    data = user_dataset(settings, input_counter(model), engine_context(engine, model))
     seed = settings.seed + 5000
-    multi = [e for e in data.dataset.entries if sum(m.role == "user" for m in e.messages) > 1]
-    entries = datasets.select(
-        data.dataset if not multi else _only(data.dataset, multi), 400, seed, replace=True
-    )
-    sessions = _enough(to_sessions(list(entries), seed, ignore_eos=True), settings)
+    spec = settings.traffic.session_spec
+    if spec is not None:
+        rate, think = spec.rate, spec.think
+        count = -(-settings.profile.gen_requests // spec.turns)  # turns enough for a p99
+        sessions = spec_sessions(spec, count, seed)
+    else:
+        rate, think = SESSION_RATE, THINK_MEDIAN_S
+        sessions = _enough(dataset_sessions(settings, engine, model, seed), settings)
     # a Poisson count over twice the time the sessions need: one arrival for each of them
     # (cutting sessions to the arrivals left 98 turns of the 100 a p99 needs)
-    span = 2 * len(sessions) / SESSION_RATE
-    arrivals = OpenLoop(rate=SESSION_RATE, duration=span).schedule(seed)[: len(sessions)]
+    span = 2 * len(sessions) / rate
+    arrivals = OpenLoop(rate=rate, duration=span).schedule(seed)[: len(sessions)]
     sessions = sessions[: len(arrivals)]
     before = read_counters(engine)
     server = watch_server(request, engine)  # the server's own view, until finish
@@ -172,8 +202,9 @@ def test_sessions(
             "turns": len(turns),
             "duration": stats.to_json(stats.summarize(session_durations(turns))),
             "open_at_once": active_sessions(turns),
-            "rate_per_s": SESSION_RATE,
-            "think_median_s": THINK_MEDIAN_S,
+            "rate_per_s": rate,
+            "think_median_s": think,
+            "source": "spec" if spec is not None else "dataset",
         },
         "prefix_cache": prefix_cache_account(counters),
         "engine_counters": counters,
@@ -191,6 +222,19 @@ def test_sessions(
         samples=samples | traffic_samples(records, None),
         headline=SESSION_HEADLINE,
     )
+
+
+def dataset_sessions(
+    settings: RunSettings, engine: GenerativeEngine, model: Path, seed: int
+) -> list[Session]:
+    """The multi-turn conversations of ``--dataset`` (or the generated ones; all of them
+    when none has more than one turn), drawn with replacement."""
+    data = user_dataset(settings, input_counter(model), engine_context(engine, model))
+    multi = [e for e in data.dataset.entries if sum(m.role == "user" for m in e.messages) > 1]
+    entries = datasets.select(
+        data.dataset if not multi else _only(data.dataset, multi), 400, seed, replace=True
+    )
+    return to_sessions(list(entries), seed, ignore_eos=True)
 
 
 def _only(dataset: datasets.Dataset, entries: list[datasets.Entry]) -> datasets.Dataset:

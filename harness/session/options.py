@@ -209,6 +209,13 @@ def _add_traffic_options(group: pytest.OptionGroup) -> None:
         help="the longest reply in natural mode (default: 128)",
     )
     group.addoption(
+        "--session-spec",
+        metavar="SPEC",
+        help="multi-turn sessions workload: synthetic sessions instead of --dataset's or the"
+        " generated conversations, e.g. turns=4,user=64,reply=48,think=1,rate=2 (user turns per"
+        " session, words per message, tokens per reply, median think seconds, sessions/s)",
+    )
+    group.addoption(
         "--trace-file",
         metavar="PATH",
         help="trace-replay workload: a timestamped request log (Mooncake JSONL, Azure LLM"
@@ -385,6 +392,7 @@ def settings_from(config: pytest.Config) -> RunSettings:
                 trace_rate=opt("trace_rate"),
                 trace_slice=opt("trace_slice"),
                 trace_limit=opt("trace_limit"),
+                session_spec=opt("session_spec"),
             ),
             dist=parse_dist(
                 mode=opt("dist"),

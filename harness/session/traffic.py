@@ -21,6 +21,47 @@ DATASET_FORMATS = ("auto", "sharegpt", "jsonl", "json", "csv", "parquet")
 TRACE_FORMATS = ("auto", "mooncake", "azure", "burstgpt")
 
 
+SPEC_KEYS = {
+    "turns": "user turns per session",
+    "user": "words per user message",
+    "reply": "tokens asked per reply",
+    "think": "median think time between an answer and the next question, seconds",
+    "rate": "sessions arriving per second",
+}
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """Synthetic multi-turn sessions (``--session-spec``): every session ``turns`` user
+    messages of ``user`` words, each answered with ``reply`` tokens, a log-normal think
+    time of median ``think`` seconds between an answer and the next question; sessions
+    arrive at ``rate`` per second (Poisson)."""
+
+    turns: int = 3
+    user: int = 32
+    reply: int = 32
+    think: float = 0.2
+    rate: float = 4.0
+
+    def __post_init__(self) -> None:
+        if min(self.turns, self.user, self.reply) < 1:
+            raise ValueError("turns, user and reply must be >= 1")
+        if not (math.isfinite(self.think) and self.think >= 0):
+            raise ValueError("think must be >= 0 seconds")
+        if not (math.isfinite(self.rate) and self.rate > 0):
+            raise ValueError("rate must be > 0 sessions/s")
+
+    @property
+    def label(self) -> str:
+        """The cell's dataset parameter: the spec in a form ids and file names take."""
+        return (
+            f"spec-t{self.turns}-u{self.user}-r{self.reply}-think{self.think:g}-rate{self.rate:g}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in SPEC_KEYS}
+
+
 @dataclass(frozen=True)
 class Traffic:
     """``dataset``/``trace``: the user's files (None: the workloads' generated defaults).
@@ -39,6 +80,7 @@ class Traffic:
     trace_rate: float | None = None
     trace_slice: tuple[float, float | None] | None = None
     trace_limit: int | None = None
+    session_spec: SessionSpec | None = None
 
     def __post_init__(self) -> None:
         if self.trace_speed is not None and self.trace_rate is not None:
@@ -47,7 +89,9 @@ class Traffic:
             raise ValueError("output_cap must be >= 1")
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        # no session spec: no key, so runs made before the option resume and compare as equal
+        spec = {"session_spec": self.session_spec.to_json()} if self.session_spec else {}
+        return spec | {
             "dataset": str(self.dataset) if self.dataset else None,
             "dataset_format": self.dataset_format,
             "output_mode": self.output_mode,
@@ -77,6 +121,7 @@ def parse_traffic(
     trace_rate: float | None,
     trace_slice: str | None,
     trace_limit: int | None,
+    session_spec: str | None = None,
 ) -> Traffic:
     speed = _positive("--trace-speed", trace_speed)
     rate = _positive("--trace-rate", trace_rate)
@@ -104,7 +149,41 @@ def parse_traffic(
         trace_rate=rate,
         trace_slice=_slice(trace_slice),
         trace_limit=trace_limit,
+        session_spec=parse_session_spec(session_spec),
     )
+
+
+def parse_session_spec(value: str | None) -> SessionSpec | None:
+    """``turns=4,user=64,reply=48,think=1,rate=2``: any of the keys, the rest default."""
+    if value is None:
+        return None
+    given: dict[str, float] = {}
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        key, sep, number = part.partition("=")
+        if not sep or key.strip() not in SPEC_KEYS:
+            raise UsageError(
+                f"--session-spec {value!r}: {part!r} is not KEY=VALUE with KEY one"
+                f" of {', '.join(SPEC_KEYS)}"
+            )
+        try:
+            given[key.strip()] = float(number)
+        except ValueError:
+            raise UsageError(f"--session-spec {value!r}: {key.strip()} must be a number") from None
+        if not math.isfinite(given[key.strip()]):
+            raise UsageError(f"--session-spec {value!r}: {key.strip()} must be finite")
+    if any(given.get(k, 1) != int(given.get(k, 1)) for k in ("turns", "user", "reply")):
+        raise UsageError(f"--session-spec {value!r}: turns, user and reply are whole numbers")
+    base = SessionSpec()
+    try:
+        return SessionSpec(
+            turns=int(given.get("turns", base.turns)),
+            user=int(given.get("user", base.user)),
+            reply=int(given.get("reply", base.reply)),
+            think=given.get("think", base.think),
+            rate=given.get("rate", base.rate),
+        )
+    except ValueError as err:
+        raise UsageError(f"--session-spec {value!r}: {err}") from None
 
 
 def _file(option: str, value: str | None) -> Path | None:
