@@ -185,7 +185,9 @@ def load_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         tmp_path_factory.mktemp("vllm-load"),
         "--engine=vllm",
         "-k",
-        "test_load.py",
+        # one traffic shape on vLLM: the three schedules are the tensor workloads' too
+        # (tests/test_load_onnxruntime.py), and each costs CI time here
+        "test_load.py and not (gamma or ramp)",
         results=Path(results) if results else None,
     )
     print(result.stdout[-5000:])
@@ -244,7 +246,7 @@ def test_generative_soak_and_shapes_report_windows(load_run: Run):
     assert len(soak.metrics["windows"]) == 4
     assert soak.metrics["drift"]["memory"]["samples"] >= 12
     shapes = [r for r in load_run.records.values() if r.workload == "generative_shape"]
-    assert {r.params["shape"] for r in shapes} == {"gamma-cv3", "burst", "ramp"}
+    assert {r.params["shape"] for r in shapes} == {"burst"}
     for rec in shapes:
         assert rec.status is Status.OK, (rec.cell_id, rec.reasons)
         assert set(rec.metrics["stages"]) == {"queue", "first_token", "decode"}

