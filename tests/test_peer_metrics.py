@@ -6,6 +6,7 @@ import json
 import pytest
 
 from harness.metrics import peers
+from harness.results.redact import redact_text
 from harness.metrics.streamtiming import RequestRecord
 
 
@@ -222,3 +223,8 @@ def test_the_report_shows_the_table_for_a_cell_that_has_one(table, tmp_path):
     assert peersplot.peer_tables([cell]) == []  # a record without the table: no figure
     page, _ = htmlpage.render(runset.load([_write_run(tmp_path, [({}, SPEC)])]))
     assert peersplot.SECTION not in page  # nothing to show, no section
+
+
+def test_the_differences_survive_the_results_files_secret_masking():
+    for line in peers.DIFFERENCES:
+        assert redact_text(line, secrets=()) == line

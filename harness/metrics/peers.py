@@ -217,9 +217,11 @@ DIFFERENCES: tuple[str, ...] = (
     "Clock start: the harness's TTFT and E2E count from the scheduled time, every peer's "
     "from the send: queueing in the client and generator lag are in the harness's figure "
     "only (its ttft_send is the peers' view).",
-    "First token: vLLM's TTFT stops at the first chunk with choices, even a role-only or "
-    "empty one (chat servers send the role first); AIPerf, GuideLLM and the harness wait "
-    "for content.",
+    # (not "First token: vLLM's ...": the results files' secret masking reads "token: X"
+    # as a credential and masked the word after it)
+    "Where TTFT stops: vLLM's at the first chunk with choices, even a role-only or empty "
+    "one (chat servers send the role first); AIPerf, GuideLLM and the harness wait for "
+    "content.",
     "ITL: vLLM's is one sample per chunk gap (a k-token chunk is one long gap); the "
     "harness spreads each gap over its k tokens; AIPerf's and GuideLLM's are one average "
     "per request, (decode time) / (tokens - 1), which is vLLM's TPOT formula.",
