@@ -15,6 +15,7 @@ from harness.engine import Availability, options, registry
 from harness.exceptions import RecordError
 from harness.metrics.streamtiming import parse_slos
 from harness.report import compare, htmlpage, matrix, recommend, runset
+from harness.report.publicpaths import PathStyle
 from harness.results import reading
 from harness.results.reading import Damaged, skipped_lines
 
@@ -241,6 +242,14 @@ def _register_recommend(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="cost of one hour of the machine (any currency): rank by cost per 1M output"
         " tokens / 1k requests or images",
     )
+    p.add_argument(
+        "--energy-price",
+        type=float,
+        metavar="X",
+        help="price of one kWh (the same currency): add the GPU energy each configuration"
+        " used (its record's metrics.energy, from NVML) to its cost and rank by the sum;"
+        " where a record has no energy figure the output says energy was not included, and why",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the recommendation as JSON")
     reading.add_skip_damaged(p)
     p.set_defaults(func=_recommend)
@@ -260,17 +269,22 @@ def _recommend(args: argparse.Namespace, console: Console) -> int:
             [Path(p) for p in args.run_dirs],
             slos,
             args.gpu_hour_cost,
+            energy_price=args.energy_price,
             skip_damaged=args.skip_damaged,
         )
     except recommend.RecommendError as exc:
         return _recommend_usage(console, str(exc))
-    console.print(recommend.render(rec), markup=False, highlight=False, soft_wrap=True, end="")
+    # what it prints is the published recommendation too (scripts/example-report keeps it)
+    paths = PathStyle.here()
+    text = paths.text(recommend.render(rec))
+    console.print(text, markup=False, highlight=False, soft_wrap=True, end="")
     if args.json:
         try:
-            matrix.publish(Path(args.json), recommend.to_json(rec))
+            matrix.publish(Path(args.json), paths.text(recommend.to_json(rec).decode()).encode())
         except OSError as exc:
             return _recommend_usage(console, str(exc))
-        console.print(f"wrote {args.json}", markup=False, highlight=False, soft_wrap=True)
+        wrote = paths.path(args.json)
+        console.print(f"wrote {wrote}", markup=False, highlight=False, soft_wrap=True)
     return rec.exit_code
 
 

@@ -19,6 +19,7 @@ import pytest
 from harness import cli
 from harness.exceptions import RecordError, StorageError
 from harness.report import matrix
+from harness.report.publicpaths import PathStyle
 from harness.results import lock, store
 from harness.results.records import Status
 from tests.support.records_factory import manifest, record
@@ -27,6 +28,11 @@ from tests.test_recommend import batching_run, build, served
 ENV = {"cpu": {"model": "Test CPU", "logical_cores": 4}, "memory_bytes": 2**34}
 CELLS = ("b.e.r=1", "b.e.r=2")
 SLO = ["--slo", "e2e_p99=50ms"]
+
+
+def published(path: Path) -> str:
+    """``path`` as recommend's output (a published recommendation) names it."""
+    return PathStyle.here().path(path)
 
 
 def small_run(root: Path, *, state: Any = "complete", histograms: Any = None) -> Path:
@@ -109,7 +115,8 @@ def test_recommend_ranks_no_planted_duplicate(tmp_path, capsys):
     assert "RECOMMENDED: fast mode=dynamic: goodput 1000 req/s" in out
     assert "runner-up: fast mode=static" in out  # not the copy of the winner
     assert out.count("goodput 1000 req/s") == 2  # recommended, and once in the ranking
-    assert f"skipped 1 damaged file(s) (--skip-damaged); not in this report: {copy}:" in out
+    shown = published(copy)
+    assert f"skipped 1 damaged file(s) (--skip-damaged); not in this report: {shown}:" in out
 
 
 def test_a_foreign_record_in_a_missing_cell_is_never_recommended(tmp_path, capsys):
@@ -125,7 +132,7 @@ def test_a_foreign_record_in_a_missing_cell_is_never_recommended(tmp_path, capsy
     code, out = main(["recommend", str(run), *SLO, "--skip-damaged"], capsys)
     assert code == 0
     assert "RECOMMENDED: fast mode=dynamic" in out
-    assert f"{path}: holds a record of run 'run-b'" in out
+    assert f"{published(path)}: holds a record of run 'run-b'" in out
 
 
 # --- item 8: outputs that cannot be written -------------------------------------------
@@ -292,7 +299,8 @@ def test_a_damaged_file_is_named_and_can_be_skipped(tmp_path, capsys, damage, co
     assert "--skip-damaged reports the rest" in out
     code, out = main([*argv, "--skip-damaged"], capsys)
     assert code in (0, 3)  # 3: recommend finds no throughput to rank these cells by
-    assert f"skipped 1 damaged file(s) (--skip-damaged); not in this report: {path}: {why}" in out
+    shown = published(path) if command == "recommend" else path
+    assert f"skipped 1 damaged file(s) (--skip-damaged); not in this report: {shown}: {why}" in out
 
 
 def test_a_record_the_plots_cannot_draw_is_damaged_for_the_html_report(tmp_path, capsys):
@@ -324,6 +332,7 @@ def test_every_damaged_file_of_every_run_is_named_at_once(tmp_path, capsys):
 def test_skip_damaged_lists_what_it_left_out_in_what_it_writes(tmp_path, capsys):
     good, run = small_run(tmp_path / "good"), small_run(tmp_path / "run")
     junk, truncated = _plant_dir(run), _truncate(run)
+    damaged = (junk, truncated)
     listed = [f"{junk}: cannot read it: Is a directory", f"{truncated}: corrupt results file"]
 
     assert main(["report", str(run), "--skip-damaged"], capsys)[0] == 0
@@ -338,7 +347,7 @@ def test_skip_damaged_lists_what_it_left_out_in_what_it_writes(tmp_path, capsys)
     assert main(argv, capsys)[0] == 0
     page = (html_dir / "report.html").read_text()
     assert '<h2 id="skipped">Skipped damaged files</h2>' in page
-    assert f"<li><code>{junk}</code>: cannot read it: Is a directory</li>" in page
+    assert f"<li><code>{published(junk)}</code>: cannot read it: Is a directory</li>" in page
     assert "## Skipped damaged files" in (html_dir / "matrix.md").read_text()
 
     out_json = tmp_path / "compare.json"
@@ -355,9 +364,11 @@ def test_skip_damaged_lists_what_it_left_out_in_what_it_writes(tmp_path, capsys)
     rec_json = tmp_path / "recommend.json"
     argv = ["recommend", str(run), *SLO, "--skip-damaged", "--json", str(rec_json)]
     code, out = main(argv, capsys)
-    assert all(line in out for line in listed)
+    assert all(
+        line.replace(str(p), published(p)) in out for line, p in zip(listed, damaged, strict=True)
+    )
     skipped = json.loads(rec_json.read_text())["skipped"]
-    assert [s["path"] for s in skipped] == [str(truncated), str(junk)]  # by file name
+    assert [s["path"] for s in skipped] == [published(truncated), published(junk)]
 
 
 def test_the_end_of_run_report_raises_a_record_error_naming_the_file(tmp_path):
@@ -380,7 +391,7 @@ def test_a_running_manifest_without_a_live_owner_reads_as_interrupted(tmp_path, 
         f" {run}): some planned cells have no record.**"
     ) in md
     code, out = main(["recommend", str(run), *SLO], capsys)
-    resume = f"(resume it with pytest ... --resume {run})"
+    resume = f"(resume it with pytest ... --resume {published(run)})"
     assert f"(run is interrupted: its controller is gone {resume}: cells may be missing)" in out
     assert main(["report", str(run), "--html", "--out", str(tmp_path / "o")], capsys)[0] == 0
     page = (tmp_path / "o" / "report.html").read_text()

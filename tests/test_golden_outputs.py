@@ -5,7 +5,9 @@ The runs are committed (``tests/data/golden-runs.tar.xz``: two quick runs, A and
 an ONNX Runtime run of every tensor workload and a null-gen run of the generative ones);
 the expected outputs beside them were written by the code before a refactor, so that a
 change meant to move code and not behaviour is checked to the byte. Paths of the
-temporary directory are written as ``<RUNS>``. After a change that is meant to change
+temporary directory are written as ``<RUNS>``; the reports are built from inside it with
+a home of their own, so the paths they publish (harness.report.publicpaths) are the same
+on every machine. After a change that is meant to change
 the output, rewrite them with ``HARNESS_GOLDEN_WRITE=1 pytest tests/test_golden_outputs.py``
 and review the diff.
 """
@@ -48,6 +50,14 @@ def _cli(*args: str | Path) -> tuple[int, str]:
 def produce(root: Path) -> dict[str, bytes]:
     """Every output of the reporting commands on the committed runs: file name -> bytes."""
     runs = _runs(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        mp.setenv("HOME", str(root / "home"))
+        raw = _produce(root, runs)
+    return {name: data.replace(str(root).encode(), b"<RUNS>") for name, data in raw.items()}
+
+
+def _produce(root: Path, runs: dict[str, list[Path]]) -> dict[str, bytes]:
     out: dict[str, str | bytes] = {}
     html = root / "html"
     code, _ = _cli("report", *runs["A"], "--html", "--out", html)
@@ -69,8 +79,7 @@ def produce(root: Path) -> dict[str, bytes]:
     code, text = _cli("recommend", *runs["A"], *runs["B"], "--slo", SLO, "--json", target)
     out["recommend.txt"] = f"exit {code}\n{text}"
     out["recommend.json"] = target.read_text()
-    raw = {k: v if isinstance(v, bytes) else v.encode() for k, v in out.items()}
-    return {name: data.replace(str(root).encode(), b"<RUNS>") for name, data in raw.items()}
+    return {k: v if isinstance(v, bytes) else v.encode() for k, v in out.items()}
 
 
 def _write(produced: dict[str, bytes]) -> None:

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from harness.metrics import peers
-from harness.results.redact import redact_text
 from harness.metrics.streamtiming import RequestRecord
+from harness.results.redact import redact_text
 
 
 def rec(chunks, *, t_sched, t_send, t_end, reported=None, retokenized=None, error=None):

@@ -10,6 +10,7 @@ from harness import cli
 from harness.metrics import stats
 from harness.metrics.streamtiming import parse_slos
 from harness.report import recommend as rec
+from harness.report.publicpaths import PathStyle
 from harness.results import store
 from harness.results.records import (
     CellRecord,
@@ -540,7 +541,7 @@ def test_json_output_is_byte_identical_and_complete(tmp_path):
     for path in (first, second):
         code, out = run_cli([str(run), "--slo", "e2e_p99=50ms", "--json", str(path)])
         assert code == 0
-        assert f"wrote {path}" in out
+        assert f"wrote {PathStyle.here().path(path)}" in out  # as published
     assert first.read_bytes() == second.read_bytes()
     data = json.loads(first.read_bytes())
     assert data["exit_code"] == 0

@@ -70,6 +70,7 @@ def summarize_trace(
         achieved_rate=n_ok / window if window > 0 else 0.0,
         negative_durations=int(np.sum(spans["queue"] < 0) + np.sum(e2e < spans["queue"])),
         notes=_trend(e2e, trace.t_sched[ok], lag_p99) if stationary else (),
+        span=(float(trace.t_sched.min()), float(trace.t_done.max())) if window > 0 else None,
     )
     threshold = min((s.threshold_s for s in slos), default=None)
     slow = slowlog.select(

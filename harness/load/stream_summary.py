@@ -82,6 +82,7 @@ def summarize_stream(
         achieved_rate=achieved if offered_rate else None,
         sent_rate=_sent_rate(records) if offered_rate else None,
         notes=_trend(e2e, t_sched, lag_p99) if offered_rate and stationary else (),
+        span=_span(records),
     )
     samples = {k: stats.as_samples(v) for k, v in m.samples().items() if k != "icl"}
     samples["lag"] = stats.as_samples(lag)
@@ -103,6 +104,11 @@ def _trend(e2e: Array, t_sched: Array, lag_p99_s: float | None) -> tuple[str, ..
     keeps it so for any caller."""
     trend = latency_trend(e2e[np.argsort(t_sched, kind="stable")], floor_s=lag_p99_s)
     return (trend,) if trend else ()
+
+
+def _span(records: Sequence[RequestRecord]) -> tuple[float, float]:
+    """The window ``StreamMetrics.window_s`` measures, on the records' clock."""
+    return min(r.t_sched for r in records), max(r.t_end for r in records)
 
 
 def _sent_rate(records: Sequence[RequestRecord]) -> float | None:

@@ -4,8 +4,11 @@ A daemon thread wakes every ``interval_s`` and reads, for this process and every
 it started (an engine core, a server): CPU time split into user and system, and
 resident memory; for the machine: CPU utilisation. On NVIDIA GPUs it reads NVML:
 utilisation, memory used, memory-bandwidth utilisation, power, temperature, SM clock,
-and the clock-event (throttle) reasons, which become a validity warning. Without NVML
-(a CPU machine) the GPU part is recorded as absent, with the reason.
+and the clock-event (throttle) reasons, which become a validity warning; where the GPU
+has one (Volta and later), its total-energy counter, from which harness.metrics.energy
+takes a cell's joules. Each GPU reading keeps its own time (``t`` in the device's series),
+since a reading that fails leaves a gap the host series does not have. Without NVML (a
+CPU machine) the GPU part is recorded as absent, with the reason.
 
 The thread does a few system calls per wake-up; at the default half second that is
 well under 0.1 % of one core, on the cores the load generator also uses.
@@ -77,11 +80,26 @@ class Nvml:
             self.absent = f"NVML unavailable: {exc}"
         if self.absent is None and not self.handles:
             self.absent = "NVML found no GPU"
+        self.energy_counter = self.absent is None and self._has_energy_counter()
+
+    def _has_energy_counter(self) -> bool:
+        """Every GPU has the counter, or none is read: one sample's keys hold for all."""
+        try:
+            for handle in self.handles:
+                self.nv.nvmlDeviceGetTotalEnergyConsumption(handle)
+        except Exception:  # NVMLError_NotSupported before Volta, or an old binding
+            return False
+        return True
 
     def sample(self) -> list[dict[str, float]]:
         nv = self.nv
         out = []
         for handle in self.handles:
+            counter = (
+                {"energy_mj": float(nv.nvmlDeviceGetTotalEnergyConsumption(handle))}
+                if self.energy_counter
+                else {}
+            )
             util = nv.nvmlDeviceGetUtilizationRates(handle)
             mem = nv.nvmlDeviceGetMemoryInfo(handle)
             out.append(
@@ -94,6 +112,7 @@ class Nvml:
                     "sm_clock_mhz": float(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM)),
                     "throttle_reasons": float(nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)),
                 }
+                | counter
             )
         return out
 
@@ -109,6 +128,8 @@ class Series:
     t: list[float] = field(default_factory=list)
     host: list[dict[str, float]] = field(default_factory=list)
     gpu: list[list[dict[str, float]]] = field(default_factory=list)
+    gpu_t: list[float] = field(default_factory=list)
+    """The ``t`` of each entry of ``gpu``."""
 
 
 class Telemetry:
@@ -154,11 +175,13 @@ class Telemetry:
             self.sample()
 
     def sample(self) -> None:
-        self.series.t.append(round(self.clock() - self._t0, 4))
+        t = round(self.clock() - self._t0, 4)
+        self.series.t.append(t)
         self.series.host.append(_host_sample(self._root))
         if self.nvml.absent is None:
             with contextlib.suppress(Exception):  # a GPU fallen off the bus must not kill the cell
                 self.series.gpu.append(self.nvml.sample())
+                self.series.gpu_t.append(t)
 
     def stop(self) -> dict[str, Any]:
         """Stop sampling (idempotent) and return the time series with its summary."""
@@ -208,14 +231,29 @@ def summarize(series: Series, interval_s: float, gpu_absent: str | None) -> dict
     return out
 
 
+# Series kept without a mean: a counter since the driver loaded has none worth reading.
+_NO_MEAN = ("energy_mj",)
+
+
 def _gpu(series: Series) -> dict[str, Any]:
     devices: dict[str, Any] = {}
+    # a series filled by hand (tests) may lack gpu_t; then the samples are the host's
+    times = series.gpu_t if len(series.gpu_t) == len(series.gpu) else series.t
     for index in range(len(series.gpu[0]) if series.gpu else 0):
-        rows = [sample[index] for sample in series.gpu if index < len(sample)]
+        kept = [
+            (t, sample[index])
+            for t, sample in zip(times, series.gpu, strict=False)
+            if index < len(sample)
+        ]
+        rows = [r for _, r in kept]
         keys = [k for k in rows[0] if k != "throttle_reasons"]
         devices[str(index)] = {
-            "series": {k: [r[k] for r in rows] for k in keys},
-            "summary": {f"{k}_mean": round(sum(r[k] for r in rows) / len(rows), 3) for k in keys}
+            "series": {"t": [t for t, _ in kept]} | {k: [r[k] for r in rows] for k in keys},
+            "summary": {
+                f"{k}_mean": round(sum(r[k] for r in rows) / len(rows), 3)
+                for k in keys
+                if k not in _NO_MEAN
+            }
             | {"sm_clock_mhz_min": min(r["sm_clock_mhz"] for r in rows)},
         }
     return devices

@@ -118,6 +118,11 @@ class Evidence:
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     """Workload-specific reasons the cell cannot be reported (a search found nothing)."""
+    span: tuple[float, float] | None = None
+    """The measured window's first and last instant on ``time.perf_counter``, the clock the
+    cell's telemetry samples on, so the energy of exactly that window can be taken from
+    its power series (harness.metrics.energy); None: not known, and no energy is given.
+    ``judge`` does not read it, and an empty or reversed span only leaves energy absent."""
 
     def __post_init__(self) -> None:
         if self.samples < 0 or self.failed < 0:

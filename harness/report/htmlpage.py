@@ -6,7 +6,8 @@ published as is. It is a pure function of the records: building twice gives the 
 bytes. Beside it, ``plots/`` holds every plot as SVG and PNG for documents, and the
 merged ``matrix.md`` / ``matrix.csv``. A record the page cannot be built from (a plot
 finds a string where a number belongs) is damaged like an unreadable file: refused
-naming it, or left out and listed with ``skip_damaged``.
+naming it, or left out and listed with ``skip_damaged``. What is written names no
+absolute path of the machine that built it (harness.report.publicpaths).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from harness.engine import installed_version
 from harness.exceptions import WriteError
 from harness.report import plots, plotset, runset
 from harness.report.matrix import Entry, Matrix, entry_text, publish, to_csv, to_markdown, writing
+from harness.report.publicpaths import PathStyle
 from harness.results.reading import Damaged, RunContents, vet
 from harness.results.records import CellRecord, Status, format_param
 
@@ -205,21 +207,23 @@ def _render(runs: runset.RunSet, merged: runset.Merged) -> tuple[str, list[plots
 
 
 def write(runs: runset.RunSet, out_dir: Path, *, skip_damaged: bool = False) -> Written:
-    """Write report.html, plots/*.svg|png and the merged matrix.md / matrix.csv.
+    """Write report.html, plots/*.svg|png and the merged matrix.md / matrix.csv, each path
+    in them as published from here (PathStyle.here()).
 
     Raises RecordError (naming each damaged file) when the runs cannot be reported and
     ``skip_damaged`` is not given, report.WriteError when ``out_dir`` cannot be written.
     """
+    style = PathStyle.here()
     kept, (page, figures, merged) = _vetted(runs, skip_damaged)
     plot_dir = out_dir / "plots"
     _make_dir(out_dir, plot_dir)
-    files = _write_plots(plot_dir, figures)
+    files = _write_plots(plot_dir, figures, style)
     html = out_dir / "report.html"
-    publish(html, page.encode())
+    publish(html, style.text(page).encode())
     matrix = merged.matrix
     md, csv_path = out_dir / "matrix.md", out_dir / "matrix.csv"
-    publish(md, to_markdown(matrix).encode())
-    publish(csv_path, to_csv(matrix).encode())
+    publish(md, style.text(to_markdown(matrix)).encode())
+    publish(csv_path, style.text(to_csv(matrix)).encode())
     for path in (html, md, csv_path, *files):
         with writing(path):
             path.chmod(PUBLISHED_MODE)
@@ -235,10 +239,10 @@ def _make_dir(out_dir: Path, plot_dir: Path) -> None:
         plot_dir.mkdir(parents=True, exist_ok=True)
 
 
-def _write_plots(plot_dir: Path, figures: Sequence[plots.Plot]) -> list[Path]:
+def _write_plots(plot_dir: Path, figures: Sequence[plots.Plot], paths: PathStyle) -> list[Path]:
     files: list[Path] = []
     for fig in figures:
-        for suffix, data in ((".svg", fig.svg.encode()), (".png", fig.png)):
+        for suffix, data in ((".svg", paths.text(fig.svg).encode()), (".png", fig.png)):
             path = plot_dir / f"{fig.name}{suffix}"
             publish(path, data)
             files.append(path)

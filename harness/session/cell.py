@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.metrics import stats
+from harness.metrics import energy, stats
 from harness.metrics.slowlog import SlowLog, with_telemetry
 from harness.metrics.telemetry import Telemetry
 from harness.metrics.validity import Evidence, Policy, Validity, judge
@@ -114,6 +114,8 @@ class CellResult:
     validity: Validity
     slow: SlowLog | None = None
     single_stream: str | None = None
+    span: tuple[float, float] | None = None
+    """The measured window on perf_counter (``Evidence.span``), for its energy."""
 
 
 @dataclass
@@ -179,6 +181,7 @@ class Cell:
             validity=validity,
             slow=slow,
             single_stream=single_stream,
+            span=evidence.span,
         )
         return validity
 
@@ -215,7 +218,7 @@ class Cell:
             environment=self.environment,
             seeds=res.seeds if res else {},
             window=res.window if res and keep else {},
-            metrics=res.metrics if res and keep else {},
+            metrics=self._metrics(res) if res and keep else {},
             samples=res.samples if res and keep else {},
             histograms=res.histograms if res and keep else {},
             headline=res.headline if res else (),
@@ -228,6 +231,16 @@ class Cell:
             single_stream=res.single_stream if res and keep else None,
             report_spec=self.report_spec,
         )
+
+    def _metrics(self, res: CellResult) -> dict[str, Any]:
+        """The workload's metrics and, where telemetry ran, the energy of its window: here,
+        where the telemetry (stopped before the record is written) meets the window."""
+        if not self.telemetry:
+            return res.metrics
+        origin = self.sampler.origin if self.sampler is not None else None
+        return res.metrics | {
+            "energy": energy.of_cell(self.telemetry, res.metrics, res.span, origin)
+        }
 
     def _slow(self) -> tuple[dict[str, Any], ...]:
         if self.result is None or self.result.slow is None:

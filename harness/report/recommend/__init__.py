@@ -7,9 +7,13 @@ offered load or traffic shape: the parameters the workload declares as its
 answer is the valid configuration with the highest goodput that meets every SLO that
 applies, or with ``--gpu-hour-cost`` the lowest cost per million output tokens
 (generative) or per thousand requests / images / items (tensor), which on one machine
-is the same order as throughput. It names the runner-up (the next configuration in that
-ranking, any engine), the best configuration of every engine, and why each other engine
-lost: the SLO it missed and by how much, or how much lower its goodput was.
+is the same order as throughput. ``--energy-price`` (per kWh) adds the GPU energy each
+configuration used (the record's ``metrics.energy``, from NVML) to that cost and ranks
+by the sum; where a configuration meeting the SLO has no energy figure, no cost of the
+question includes energy and the output says why. It names the runner-up (the next
+configuration in that ranking, any engine), the best configuration of every engine, and
+why each other engine lost: the SLO it missed and by how much, or how much lower its
+goodput was.
 
 Rules the numbers follow (docs/methodology.md: metric definitions, validity). What is
 workload-specific comes from what each workload declared in its records
@@ -44,7 +48,7 @@ Exit status: ``EXIT_OK`` (0) when every measured workload got a recommendation,
 ones) has no cell meeting the SLO, or nothing at all could be recommended, and
 ``EXIT_USAGE`` (2) for bad input: an unreadable run directory or a damaged or foreign
 record in one (unless ``--skip-damaged`` leaves those out and lists them), a bad
-``--slo`` or cost, an unwritable ``--json`` path.
+``--slo``, cost or energy price, an unwritable ``--json`` path.
 
 Modules by job: ``model`` (what a recommendation says, as data), ``evidence`` (the
 records read and each cell judged against the SLO), ``ranking`` (the questions, the
@@ -70,7 +74,7 @@ from harness.report.recommend.model import (
     RunInfo,
     WorkloadAdvice,
 )
-from harness.report.recommend.ranking import recommend, recommend_cells
+from harness.report.recommend.ranking import Prices, recommend, recommend_cells
 from harness.report.recommend.render import render, to_json
 
 __all__ = [
@@ -84,6 +88,7 @@ __all__ = [
     "EngineVerdict",
     "Method",
     "NotConsidered",
+    "Prices",
     "RecommendError",
     "Recommendation",
     "RunInfo",

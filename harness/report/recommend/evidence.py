@@ -200,6 +200,31 @@ def _sample_goodput(
     return good, window
 
 
+def _energy(record: CellRecord) -> dict[str, Any]:
+    """``mean_power_w`` from the record's ``metrics.energy``, or ``energy_absent`` saying
+    why there is none. The power is read against the record's rates only when it was
+    measured over the window those rates were."""
+    found = record.metrics.get("energy")
+    if not isinstance(found, dict):
+        return {"energy_absent": "the record has no metrics.energy (written before it was kept)"}
+    if "absent" in found:
+        return {"energy_absent": str(found["absent"])}
+    power, span = _num(found.get("mean_power_w")), _num(found.get("window_s"))
+    window = _num(record.window.get("duration_s"))
+    if power is None or span is None:
+        return {"energy_absent": "metrics.energy has no mean power over a window"}
+    if window is None or abs(span - window) > 1e-3 * window:
+        return {
+            "energy_absent": f"its energy covers {fmt_number(span)} s, not the"
+            f" {fmt_number(window or 0.0)} s window its rates were measured over"
+        }
+    return {"mean_power_w": power}
+
+
+SEARCH_ENERGY = "a load search records the energy of one load point, not of each"
+PAIRED_ENERGY = "the energy of a cell measuring two configurations is not split between them"
+
+
 def _saturation(record: CellRecord) -> str | None:
     """A cell the validity check found saturated is not a sustainable operating point."""
     found = [w for w in (record.validity.warnings if record.validity else ()) if "saturated" in w]
@@ -256,6 +281,7 @@ def _simple(cell: RunCell, record: CellRecord, slos: Sequence[SLO]) -> Candidate
         output_tokens_per_s=_num(record.metric(spec.tokens)) if spec.tokens else None,
         goodput_ci95=ci if goodput is not None else None,
         blocker=_saturation(record) or _answers_changed(record, spec),
+        **_energy(record),
     )
 
 
@@ -347,6 +373,7 @@ def _from_sweep(
         counts="requests",
         output_tokens_per_s=_settled_tokens(sweep, point),
         goodput_ci95=_interval(point.get("throughput_ci95")) if passing else None,
+        energy_absent=SEARCH_ENERGY,
     )
 
 
@@ -405,7 +432,12 @@ def _paired(cell: RunCell, record: CellRecord) -> tuple[Candidate, ...]:
     own, ref = _rate(record, paired.own), _rate(record, paired.reference)
     if own is None or ref is None:
         return ()
-    base = _base(cell, record) | {"load": None, "load_unit": None, "checks": ()}
+    base = _base(cell, record) | {
+        "load": None,
+        "load_unit": None,
+        "checks": (),
+        "energy_absent": PAIRED_ENERGY,
+    }
     blocker = _answers_changed(record, cell.spec)
     return (
         Candidate(**base, **_figures(paired.own), goodput=own, throughput=own, blocker=blocker),

@@ -31,6 +31,10 @@ METHODS: dict[str, str] = {
 
 Params = tuple[tuple[str, ParamValue], ...]
 
+IF_SET = {"json": "if set"}
+"""Field metadata: written to JSON only when not None, so output without the option that
+sets it (``--energy-price``) stays what it was."""
+
 
 def param_text(params: Params) -> str:
     return " ".join(f"{k}={format_param(v, none='none')}" for k, v in params)
@@ -44,6 +48,11 @@ def pct(x: float) -> str:
     """A fraction as a percentage: three significant figures, no exponent."""
     value = x * 100
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def positive(x: float) -> bool:
+    """A price the command accepts: a positive finite number."""
+    return x > 0 and math.isfinite(x)
 
 
 def lower(a: float, b: float) -> str:
@@ -97,14 +106,19 @@ class Check:
 
 @dataclass(frozen=True)
 class Cost:
-    """What serving ``per`` costs on this machine at the candidate's rate."""
+    """What serving ``per`` costs on this machine at the candidate's rate: machine time at
+    ``--gpu-hour-cost`` and, where included, GPU energy at ``--energy-price``."""
 
     amount: float
     per: str
+    energy: float | None = field(default=None, metadata=IF_SET)
+    """The part of ``amount`` that is GPU energy; None: energy is not included."""
 
     def __post_init__(self) -> None:
         if not (self.amount >= 0 and math.isfinite(self.amount)):
             raise ValueError("a cost is a finite amount >= 0")
+        if self.energy is not None and not 0 <= self.energy <= self.amount * (1 + 1e-9):
+            raise ValueError("the energy part of a cost is >= 0 and at most the cost")
 
 
 @dataclass(frozen=True)
@@ -137,6 +151,11 @@ class Candidate:
     cost: Cost | None = None
     variant: str | None = None
     """A second configuration measured inside the cell (a precision cell's reference)."""
+    mean_power_w: float | None = field(default=None, metadata=IF_SET)
+    """The GPUs' mean power over the window its rates were measured in (the record's
+    ``metrics.energy``); None: ``energy_absent`` says why there is none (both None when
+    energy is not priced)."""
+    energy_absent: str | None = field(default=None, metadata=IF_SET)
     scenario_keys: tuple[str, ...] = field(default=(), metadata={"json": False})
     """The parameters that pose the question (the workload's declared scenario): not
     part of the configuration. Not written to JSON: the question's scenario is."""
@@ -150,6 +169,10 @@ class Candidate:
             raise ValueError("a load comes with its unit")
         if self.method == "no SLO" and self.checks:
             raise ValueError("a candidate ranked without SLO has no checks")
+        if self.mean_power_w is not None and not (
+            self.mean_power_w >= 0 and math.isfinite(self.mean_power_w)
+        ):
+            raise ValueError("a mean power is a finite number of watts >= 0")
 
     @property
     def meets(self) -> bool:
@@ -212,6 +235,9 @@ class WorkloadAdvice:
     candidates: tuple[Candidate, ...]
     """Those meeting the SLO, best first, then the others, closest to meeting it first."""
     not_considered: tuple[NotConsidered, ...]
+    energy_note: str | None = field(default=None, metadata=IF_SET)
+    """With ``--energy-price``: why GPU energy is not in this question's costs (None: it
+    is, or no configuration was priced)."""
 
     def __post_init__(self) -> None:
         if self.recommended is not None and (
@@ -250,12 +276,14 @@ class Recommendation:
     workloads: tuple[WorkloadAdvice, ...]
     skipped: tuple[Damaged, ...] = ()
     """Damaged files left out (``--skip-damaged``)."""
+    energy_price: float | None = field(default=None, metadata=IF_SET)
+    """``--energy-price``: the price of one kWh (None: energy is not priced)."""
 
     def __post_init__(self) -> None:
-        if self.gpu_hour_cost is not None and not (
-            self.gpu_hour_cost > 0 and math.isfinite(self.gpu_hour_cost)
-        ):
+        if self.gpu_hour_cost is not None and not positive(self.gpu_hour_cost):
             raise ValueError("the machine's hourly cost is a positive number")
+        if self.energy_price is not None and not positive(self.energy_price):
+            raise ValueError("the price of a kWh is a positive number")
 
     @property
     def exit_code(self) -> int:

@@ -1,18 +1,21 @@
 """Ranking: the questions (workload x machine x scenario), the figure each is ranked by
-(goodput, or cost with ``--gpu-hour-cost``), the winner, the runner-up and each
-engine's verdict; and ``recommend``, the whole of it from run directories."""
+(goodput, or cost with ``--gpu-hour-cost`` and/or ``--energy-price``), the winner, the
+runner-up and each engine's verdict; and ``recommend``, the whole of it from run
+directories."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.exceptions import RecordError
+from harness.metrics.energy import J_PER_KWH
 from harness.metrics.streamtiming import SLO
 from harness.report.matrix import fmt_number
 from harness.report.recommend.evidence import (
@@ -36,6 +39,7 @@ from harness.report.recommend.model import (
     figure_name,
     lower,
     pct,
+    positive,
 )
 from harness.results import reading
 from harness.results.environment import hardware, hardware_label
@@ -46,49 +50,104 @@ from harness.results.records import Status
 
 
 @dataclass(frozen=True)
+class Prices:
+    """What a configuration's costs are reckoned at: machine time (``--gpu-hour-cost``,
+    per hour) and GPU energy (``--energy-price``, per kWh); None: not priced."""
+
+    gpu_hour: float | None = None
+    energy_kwh: float | None = None
+
+    def __post_init__(self) -> None:
+        for option, value in (
+            ("--gpu-hour-cost", self.gpu_hour),
+            ("--energy-price", self.energy_kwh),
+        ):
+            if value is not None and not positive(value):
+                raise RecommendError(f"{option} must be a positive number, got {value:g}")
+
+
+@dataclass(frozen=True)
 class _Figure:
-    """What a workload is ranked by: goodput, or cost of ``per`` at rate ``source``."""
+    """What a workload is ranked by: goodput, or cost of ``per`` at rate ``source``;
+    ``energy``: GPU energy is part of that cost, ``energy_note`` why it is not."""
 
     label: str
     cost_per: str | None
     scale: float
     tokens: bool
+    energy: bool = False
+    energy_note: str | None = None
 
 
-def _figure(
-    candidates: Sequence[Candidate], gpu_hour_cost: float | None, slo_applied: bool
-) -> _Figure:
+def _energy_note(meeting: Sequence[Candidate], prices: Prices) -> str | None:
+    """Why GPU energy cannot be priced for this question, or None when it can: every
+    configuration that would be priced must have it, or their costs would not compare."""
+    if prices.energy_kwh is None or not meeting:
+        return None
+    lacking = [c.energy_absent or "no mean power" for c in meeting if c.mean_power_w is None]
+    if not lacking:
+        return None
+    whys = "; ".join(f"{why} ({n}x)" if n > 1 else why for why, n in Counter(lacking).items())
+    return (
+        f"energy cost not included: {len(lacking)} of the {len(meeting)} configurations"
+        f" meeting the SLO have no GPU energy figure: {whys}"
+    )
+
+
+def _energy_if_priced(c: Candidate, prices: Prices) -> Candidate:
+    """Energy figures only where energy is priced: without ``--energy-price`` the output
+    is what it was before records held energy."""
+    if prices.energy_kwh is not None:
+        return c
+    return dataclasses.replace(c, mean_power_w=None, energy_absent=None)
+
+
+def _figure(candidates: Sequence[Candidate], prices: Prices, slo_applied: bool) -> _Figure:
     unit = candidates[0].unit if candidates else "req/s"
     counts = candidates[0].counts if candidates else "requests"
-    if gpu_hour_cost is None:
-        what = "goodput under the SLO" if slo_applied else "throughput (no SLO applied)"
-        return _Figure(f"highest {what} ({unit})", None, 1.0, tokens=False)
     meeting = [c for c in candidates if c.meets]
+    note = _energy_note(meeting, prices)
+    energy = prices.energy_kwh is not None and note is None
+    if prices.gpu_hour is None and not energy:
+        what = "goodput under the SLO" if slo_applied else "throughput (no SLO applied)"
+        return _Figure(f"highest {what} ({unit})", None, 1.0, tokens=False, energy_note=note)
     if meeting and all(c.output_tokens_per_s for c in meeting):
         per, tokens, scale = "1M output tokens", True, 1e6
     else:
         per, tokens, scale = f"1k {counts}", False, 1e3
     rate = "output tokens/s" if tokens else unit
-    label = (
-        f"lowest cost per {per} at {gpu_hour_cost:g} per machine-hour (on one machine the"
-        f" same order as highest {rate})"
-    )
-    return _Figure(label, per, scale, tokens)
+    if not energy:
+        label = (
+            f"lowest cost per {per} at {prices.gpu_hour:g} per machine-hour (on one machine"
+            f" the same order as highest {rate})"
+        )
+        return _Figure(label, per, scale, tokens, energy_note=note)
+    machine = f"machine time at {prices.gpu_hour:g} per hour plus " if prices.gpu_hour else ""
+    label = f"lowest cost per {per} ({machine}GPU energy at {prices.energy_kwh:g} per kWh)"
+    return _Figure(label, per, scale, tokens, energy=True)
 
 
-def _priced(c: Candidate, figure: _Figure, gpu_hour_cost: float | None) -> Candidate:
-    if gpu_hour_cost is None or figure.cost_per is None or not c.meets:
+def _priced(c: Candidate, figure: _Figure, prices: Prices) -> Candidate:
+    if figure.cost_per is None or not c.meets:
         return c
     rate = c.output_tokens_per_s if figure.tokens else c.goodput
     if not rate:
         return c
+    machine = prices.gpu_hour / 3600 / rate * figure.scale if prices.gpu_hour else 0.0
+    energy = None
+    if figure.energy and prices.energy_kwh is not None and c.mean_power_w is not None:
+        # joules per unit are the mean power over the rate's window divided by that rate
+        energy = c.mean_power_w / rate * figure.scale / J_PER_KWH * prices.energy_kwh
     return dataclasses.replace(
-        c, cost=Cost(gpu_hour_cost / 3600 / rate * figure.scale, figure.cost_per)
+        c, cost=Cost(machine + (energy or 0.0), figure.cost_per, energy=energy)
     )
 
 
 def _rank_key(c: Candidate, figure: _Figure) -> tuple[Any, ...]:
     tie = (c.engine, c.configuration(), c.run_id, c.cell_id)
+    if c.meets and figure.energy:
+        # energy is not proportional to time: the cheapest, not the fastest, leads
+        return (0, c.cost.amount if c.cost is not None else math.inf, *tie)
     if c.meets:
         rate = (c.output_tokens_per_s if figure.tokens else c.goodput) or 0.0
         return (0, -rate, *tie)
@@ -142,17 +201,15 @@ def _advise(
     key: tuple[str, str, Params],
     cells: Sequence[RunCell],
     slos: Sequence[SLO],
-    gpu_hour_cost: float | None,
+    prices: Prices,
 ) -> WorkloadAdvice:
     recorded = [c.record for c in cells if c.record is not None and c.record.status is Status.OK]
     applied = [s for s in slos if any(has_metric(r, s.metric) for r in recorded)]
     judged = [j for c in cells for j in judge(c, applied)]
-    found = [j for j in judged if isinstance(j, Candidate)]
+    found = [_energy_if_priced(j, prices) for j in judged if isinstance(j, Candidate)]
     left = tuple(j for j in judged if isinstance(j, NotConsidered))
-    figure = _figure(found, gpu_hour_cost, bool(applied))
-    ranked = sorted(
-        (_priced(c, figure, gpu_hour_cost) for c in found), key=lambda c: _rank_key(c, figure)
-    )
+    figure = _figure(found, prices, bool(applied))
+    ranked = sorted((_priced(c, figure, prices) for c in found), key=lambda c: _rank_key(c, figure))
     meeting = [c for c in ranked if c.meets]
     winner = meeting[0] if meeting else None
     engines = list(dict.fromkeys([*(c.engine for c in ranked), *(n.engine for n in left)]))
@@ -169,6 +226,7 @@ def _advise(
         engines=tuple(_engine_verdict(e, ranked, left, winner) for e in engines),
         candidates=tuple(ranked),
         not_considered=left,
+        energy_note=figure.energy_note,
     )
 
 
@@ -203,7 +261,7 @@ def recommend_cells(
     runs: Sequence[RunInfo],
     cells: Sequence[RunCell],
     slos: Sequence[SLO],
-    gpu_hour_cost: float | None,
+    prices: Prices,
     skipped: Sequence[Damaged] = (),
 ) -> Recommendation:
     groups = _hardware_groups(cells)
@@ -214,14 +272,15 @@ def recommend_cells(
     # a workload's scenarios stay together, in the order the runs planned them
     order = list(dict.fromkeys(c.workload for c in cells))
     keys = sorted(questions, key=lambda k: order.index(k[0]))
-    advice = [_advise(k, questions[k], slos, gpu_hour_cost) for k in keys]
+    advice = [_advise(k, questions[k], slos, prices) for k in keys]
     return Recommendation(
         slos=tuple(_slo_text(s) for s in slos),
-        gpu_hour_cost=gpu_hour_cost,
+        gpu_hour_cost=prices.gpu_hour,
         runs=tuple(runs),
         hardware=tuple(label for label, _ in groups.values()),
         workloads=tuple(advice),
         skipped=tuple(skipped),
+        energy_price=prices.energy_kwh,
     )
 
 
@@ -230,20 +289,21 @@ def recommend(
     slos: Sequence[SLO],
     gpu_hour_cost: float | None = None,
     *,
+    energy_price: float | None = None,
     skip_damaged: bool = False,
 ) -> Recommendation:
     """The recommendation for ``slos`` from the runs in ``run_dirs`` (a pure function of
     their contents); raises ``RecommendError`` for input it cannot use, damaged or
-    foreign records included unless ``skip_damaged`` leaves them out (and lists them)."""
+    foreign records included unless ``skip_damaged`` leaves them out (and lists them).
+    ``energy_price`` (per kWh) adds the GPU energy a record measured to its cost."""
     keys = [s.key for s in slos]
     if len(keys) != len(set(keys)):
         raise RecommendError(f"an SLO is given twice: {', '.join(keys)}")
-    if gpu_hour_cost is not None and not (gpu_hour_cost > 0 and math.isfinite(gpu_hour_cost)):
-        raise RecommendError(f"--gpu-hour-cost must be a positive number, got {gpu_hour_cost:g}")
+    prices = Prices(gpu_hour_cost, energy_price)  # refused before any run is read
     runs = read_runs(run_dirs, skip_damaged)
     try:
         _, rec = reading.vet(
-            runs, lambda rs: _recommend_runs(rs, slos, gpu_hour_cost), skip_damaged=skip_damaged
+            runs, lambda rs: _recommend_runs(rs, slos, prices), skip_damaged=skip_damaged
         )
     except RecordError as exc:
         raise RecommendError(f"cannot recommend from these runs: {exc}") from exc
@@ -251,9 +311,9 @@ def recommend(
 
 
 def _recommend_runs(
-    runs: Sequence[RunContents], slos: Sequence[SLO], gpu_hour_cost: float | None
+    runs: Sequence[RunContents], slos: Sequence[SLO], prices: Prices
 ) -> Recommendation:
     infos = [RunInfo(str(r.path), r.manifest.run_id, r.state) for r in runs]
     cells = [cell for run in runs for cell in cells_of(run)]
     skipped = tuple(d for r in runs for d in r.skipped)
-    return recommend_cells(infos, cells, slos, gpu_hour_cost, skipped)
+    return recommend_cells(infos, cells, slos, prices, skipped)

@@ -38,7 +38,9 @@ def _describe(c: Candidate) -> str:
     if c.output_tokens_per_s is not None:
         parts.append(f"{fmt_number(c.output_tokens_per_s)} output tokens/s")
     if c.cost is not None:
-        parts.append(f"{fmt_number(c.cost.amount)} per {c.cost.per}")
+        energy = c.cost.energy
+        share = f" ({fmt_number(energy)} of it GPU energy)" if energy is not None else ""
+        parts.append(f"{fmt_number(c.cost.amount)} per {c.cost.per}{share}")
     met = [x.text() for x in c.checks if x.met]
     if met:
         parts.append("; ".join(met))
@@ -64,6 +66,8 @@ def _render_workload(w: WorkloadAdvice, several_machines: bool, several_runs: bo
     if w.candidates:
         lines += _render_slos(w)
         lines.append(f"ranked by: {w.ranked_by}")
+    if w.energy_note is not None:
+        lines.append(w.energy_note)
     lines += _render_pick(w, several_runs)
     lines += _render_engines(w, several_runs)
     lines += _render_all(w, several_runs)
@@ -143,6 +147,8 @@ def _render_all(w: WorkloadAdvice, several_runs: bool) -> list[str]:
 def render(rec: Recommendation) -> str:
     """The recommendation as text; the same input gives the same bytes."""
     cost = f"; machine cost {rec.gpu_hour_cost:g} per hour" if rec.gpu_hour_cost else ""
+    if rec.energy_price:
+        cost += f"; GPU energy {rec.energy_price:g} per kWh"
     lines = [f"Recommendation for SLO {', '.join(rec.slos) or '(none)'}{cost}"]
     for run in rec.runs:
         state = "" if run.state == "complete" else f" (run is {run.state}: cells may be missing)"
@@ -179,9 +185,11 @@ def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {}
         for f in dataclasses.fields(value):
-            if f.metadata.get("json") is False:
-                continue
             item = getattr(value, f.name)
+            if f.metadata.get("json") is False or (
+                f.metadata.get("json") == "if set" and item is None
+            ):
+                continue
             out[f.name] = _plain(dict(item) if f.name in ("params", "scenario") else item)
         if isinstance(value, Candidate):
             out |= {"meets": value.meets, "configuration": value.configuration()}
