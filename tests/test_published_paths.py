@@ -249,9 +249,5 @@ def _example_leaks() -> dict[str, list[str]]:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="results/example predates path sanitizing; rebuilt by scripts/example-report",
-)
 def test_the_committed_example_names_no_absolute_path():
     assert _example_leaks() == {}
