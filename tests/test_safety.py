@@ -27,6 +27,38 @@ def test_secret_named_variables_are_masked_everywhere():
     assert redact_text("/root stays", found) == "/root stays"
 
 
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("OPENAI_API_KEY", True),
+        ("HF_TOKEN", True),
+        ("MY_SERVICE_TOKEN", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("db_password", True),
+        ("api-key", True),
+        ("openai.apikey", True),
+        ("GH_PAT", True),
+        ("Authorization", True),
+        # measurements whose names merely contain a secret's word
+        ("token_time_s", False),
+        ("prefill_token_s", False),
+        ("max_num_batched_tokens", False),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("keyframe_interval", False),
+        ("HOME", False),
+    ],
+)
+def test_secret_names_are_told_by_their_words(name: str, secret: bool) -> None:
+    assert redact_module.is_secret_name(name) is secret
+
+
+def test_a_measurement_option_is_no_secret_and_its_value_stays_everywhere():
+    """--engine-opt null-gen.token_time_s=0.0002 once made every "0.0002" in the
+    records, matrices and reports read [REDACTED]."""
+    assert redact_module.secrets_in_value("token_time_s", "0.0002") == []
+    assert "131072" not in secrets_in({"VLLM_MAX_NUM_BATCHED_TOKENS": "131072"})
+
+
 def test_inline_credentials_are_masked_without_knowing_them():
     text = "GET /v1?api_key=abc123xyz&x=1 Authorization: Bearer tok-999999"
     out = redact_text(text, ())

@@ -24,7 +24,23 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 MASK = "[REDACTED]"
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.IGNORECASE)
+SECRET_WORDS = frozenset(
+    {"secret", "password", "passwd", "credential", "credentials", "auth", "authorization"}
+    | {"cookie", "apikey"}
+)
+"""A name with one of these words anywhere holds a secret (``AWS_SECRET_ACCESS_KEY``)."""
+SECRET_ENDINGS = frozenset({"key", "token", "pwd", "pat"})
+"""A name ending in one of these words holds a secret (``HF_TOKEN``, ``api_key``); not one
+where the word is only part of it (``token_time_s``, ``max_num_batched_tokens``): their
+values are measurements, and masking them rewrote every equal number in the results."""
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable or option called ``name`` holds a secret, by its words."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    return bool(words) and (words[-1] in SECRET_ENDINGS or not SECRET_WORDS.isdisjoint(words))
+
+
 MIN_SECRET_LEN = 6  # shorter values ("1", "true") are flags, and masking them garbles text
 _INLINE = re.compile(
     r"(?i)((?:bearer|basic)\s+"
@@ -54,7 +70,7 @@ def remember(values: Iterable[str]) -> None:
 def secrets_in_value(name: str, value: str) -> list[str]:
     """The secrets inside one option value: all of it when its name says it is one, the
     password and credential query values of a URL."""
-    found = [value] if SECRET_NAME.search(name) else []
+    found = [value] if is_secret_name(name) else []
     try:
         parts = urlsplit(value)
     except ValueError:
@@ -82,7 +98,7 @@ def secrets_in(environ: Mapping[str, str]) -> tuple[str, ...]:
     found = {
         value
         for name, value in environ.items()
-        if SECRET_NAME.search(name) and len(value) >= MIN_SECRET_LEN
+        if is_secret_name(name) and len(value) >= MIN_SECRET_LEN
     }
     found |= _remembered
     return tuple(sorted(found, key=len, reverse=True))
