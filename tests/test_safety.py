@@ -46,6 +46,8 @@ def test_secret_named_variables_are_masked_everywhere():
         ("TOKENIZERS_PARALLELISM", False),
         ("keyframe_interval", False),
         ("HOME", False),
+        ("PWD", False),  # the shell's working directory: masking it hid every path
+        ("OLDPWD", False),
     ],
 )
 def test_secret_names_are_told_by_their_words(name: str, secret: bool) -> None:

@@ -29,10 +29,11 @@ SECRET_WORDS = frozenset(
     | {"cookie", "apikey"}
 )
 """A name with one of these words anywhere holds a secret (``AWS_SECRET_ACCESS_KEY``)."""
-SECRET_ENDINGS = frozenset({"key", "token", "pwd", "pat"})
+SECRET_ENDINGS = frozenset({"key", "token", "pat"})
 """A name ending in one of these words holds a secret (``HF_TOKEN``, ``api_key``); not one
 where the word is only part of it (``token_time_s``, ``max_num_batched_tokens``): their
-values are measurements, and masking them rewrote every equal number in the results."""
+values are measurements, and masking them rewrote every equal number in the results.
+(Not ``pwd``: ``PWD`` is the shell's working directory, which every path would lose.)"""
 
 
 def is_secret_name(name: str) -> bool:
