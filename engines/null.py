@@ -105,7 +105,7 @@ class NullEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.validate_options(config.options)
         self.config = config
-        o = self.option_schema.resolve(config.options)
+        o = self.resolved = self.option_schema.resolve(config.options)
         self.service_time = float(o["service_time_s"])
         self.token_time = float(o["token_time_s"])
         self.stall_s = float(o["stall_s"])
@@ -203,7 +203,7 @@ class NullGenerativeEngine(NullEngine):
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
-        o = GEN_OPTIONS.resolve(config.options)
+        o = self.resolved  # resolved by NullEngine against GEN_OPTIONS
         self.prefill_token_s = float(o["prefill_token_s"])
         self.prefix_cache = o["prefix_cache"] == "1"
         self._blocks: set[int] = set()

@@ -14,7 +14,7 @@ import pytest
 from harness.exceptions import UsageError
 from harness.results.records import Status
 from harness.session.traffic import parse_traffic
-from tests.support.runner import pytest_workloads, run_workloads
+from tests.support.runner import by_prefix_cache, pytest_workloads, run_workloads
 from workloads import traces
 from workloads.tracegen import default_trace
 
@@ -120,7 +120,7 @@ def test_sessions_from_a_spec_hit_the_prefix_cache_only_when_on(tmp_path: Path) 
         "test_sessions",
     )
     assert run.returncode == 0, run.stdout[-3000:]
-    by_cache = {r.params["prefix_cache"]: r for r in run.records.values()}
+    by_cache = by_prefix_cache(run, "sessions")
     for record in by_cache.values():
         assert record.status is Status.OK, record.reasons
         assert record.params["dataset"] == "spec-t4-u40-r8-think0.05-rate8"
@@ -281,8 +281,7 @@ def test_shared_prefix_workload_reports_the_engines_hit_rate(tmp_path: Path) -> 
         "test_shared_prefix",
     )
     assert run.returncode == 0, run.stdout[-3000:]
-    by_cache = {r.params["prefix_cache"]: r for r in run.records.values()}
-    assert set(by_cache) == {"off", "on"}
+    by_cache = by_prefix_cache(run, "shared_prefix")
     for record in by_cache.values():
         assert record.status is Status.OK, record.reasons
         assert record.params["prompts"] == 4

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from harness.results.records import CellRecord, Status
-from tests.support.runner import Run, run_workloads
+from tests.support.runner import Run, by_prefix_cache, run_workloads
 from workloads import traces
 from workloads.tracegen import default_trace
 
@@ -105,10 +105,7 @@ def test_trace_cell_follows_the_trace_and_shares_prefixes(run: Run) -> None:
 
 
 def test_sessions_hit_the_prefix_cache_only_when_it_is_on(run: Run) -> None:
-    by_cache = {
-        r.params["prefix_cache"]: r for r in run.records.values() if r.workload == "sessions"
-    }
-    assert set(by_cache) == {"off", "on"}
+    by_cache = by_prefix_cache(run, "sessions")
     for record in by_cache.values():
         assert record.status is Status.OK, record.reasons
         assert record.metrics["ttft_later_turns"]["count"] > 0
@@ -121,10 +118,7 @@ def test_sessions_hit_the_prefix_cache_only_when_it_is_on(run: Run) -> None:
 
 
 def test_a_shared_system_prompt_hits_the_cache_only_when_it_is_on(run: Run) -> None:
-    by_cache = {
-        r.params["prefix_cache"]: r for r in run.records.values() if r.workload == "shared_prefix"
-    }
-    assert set(by_cache) == {"off", "on"}
+    by_cache = by_prefix_cache(run, "shared_prefix")
     for record in by_cache.values():
         assert record.status is Status.OK, record.reasons
     on, off = by_cache["on"].metrics["prefix_cache"], by_cache["off"].metrics["prefix_cache"]

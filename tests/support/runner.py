@@ -59,3 +59,10 @@ def run_workloads(tmp: Path, *args: str, results: Path | None = None) -> Run:
     assert len(runs) == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     records = {r.cell_id: r for r in store.read_records(runs[0])}
     return Run(proc.returncode, proc.stdout + proc.stderr, runs[0], records)
+
+
+def by_prefix_cache(run: Run, workload: str) -> dict[str, CellRecord]:
+    """The run's ``workload`` cells by their ``prefix_cache`` setting; both settings there."""
+    cells = {r.params["prefix_cache"]: r for r in run.records.values() if r.workload == workload}
+    assert set(cells) == {"off", "on"}, list(cells)
+    return {str(k): v for k, v in cells.items()}
