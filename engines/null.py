@@ -33,6 +33,7 @@ from harness.engine import (
     Capabilities,
     Chunk,
     EngineConfig,
+    EngineError,
     Family,
     GenerationRequest,
     TensorSpec,
@@ -67,6 +68,10 @@ OPTIONS = OptionSchema(
         "input width of the tensor engine's one input x",
         default="4",
         must="an integer >= 1",
+    ),
+    flag(
+        "fail_load",
+        "1: loading fails, as an engine configuration that cannot start does (fault injection)",
     ),
 )
 GEN_OPTIONS = OptionSchema(
@@ -122,6 +127,8 @@ class NullEngine:
         cls.option_schema.validate(options)
 
     def load(self) -> None:
+        if self.resolved["fail_load"] == "1":
+            raise EngineError("null: this configuration cannot start (fail_load=1)")
         self.calls = 0
 
     def close(self) -> None:

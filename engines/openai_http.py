@@ -43,6 +43,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from engines.vllm_server import SERVER_DEFAULTS
 from harness.engine import (
     Availability,
     BatchingMode,
@@ -56,7 +57,7 @@ from harness.engine import (
     RequestError,
     counter_totals,
 )
-from harness.engine.options import OptionSchema, choice, custom, flag, number, text
+from harness.engine.options import OptionSchema, choice, custom, flag, integer, number, text
 
 
 def _base_url(url: str) -> str:
@@ -94,7 +95,33 @@ OPTIONS = OptionSchema(
         "send vLLM's ignore_eos (true: lengths are what was asked; false: natural end)",
         default="1",
     ),
+    integer(
+        "max_num_seqs",
+        "the harness-started vLLM server's --max-num-seqs (not with base_url: that server"
+        " has its own)",
+        default=SERVER_DEFAULTS["max_num_seqs"],
+    ),
+    integer(
+        "max_num_batched_tokens",
+        "the harness-started vLLM server's --max-num-batched-tokens (not with base_url)",
+        default=SERVER_DEFAULTS["max_num_batched_tokens"],
+    ),
 )
+SERVER_OPTIONS = tuple(SERVER_DEFAULTS)
+"""Options that set the server the harness starts, not the client."""
+
+
+def server_conflict(options: Mapping[str, str]) -> str | None:
+    """Why ``options`` cannot be used together (server settings for a server the user
+    runs), or None."""
+    chosen = sorted(k for k in SERVER_OPTIONS if k in options)
+    if chosen and options.get("base_url"):
+        return (
+            f"{', '.join(chosen)} set{'s' if len(chosen) == 1 else ''} the vLLM server the"
+            " harness starts; the server at base_url runs with its own settings (benchmark"
+            " it started each way, and compare the runs)"
+        )
+    return None
 
 
 class RequestFailed(RequestError):
@@ -209,7 +236,9 @@ class OpenAIEngine:
     )
 
     def __init__(self, config: EngineConfig) -> None:
-        self.validate_options(config.options)
+        # the server settings were checked against the user's base_url when the run was
+        # configured; here base_url may be the server the harness started with them
+        OPTIONS.validate(config.options)
         self.config = config
         o = OPTIONS.resolve(config.options)
         self.base_url = o.get("base_url", "").rstrip("/")
@@ -239,6 +268,9 @@ class OpenAIEngine:
     @classmethod
     def validate_options(cls, options: Mapping[str, str]) -> None:
         OPTIONS.validate(options)
+        conflict = server_conflict(options)
+        if conflict:
+            raise ValueError(conflict)
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self.key_env)

@@ -13,6 +13,7 @@ server (an HTTP error: failed requests, never raw text sent instead).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +63,27 @@ def eager_flags(cpu_build: bool | None = None) -> list[str]:
     return ["--enforce-eager"] if cpu_build else []
 
 
+SERVER_DEFAULTS = {"max_num_seqs": "16", "max_num_batched_tokens": "2048"}
+"""The server settings a run may choose (``--engine-opt``/``--engine-grid`` of openai), with
+the values the harness starts it with otherwise."""
+
+
+def setting_flags(settings: Mapping[str, str]) -> list[str]:
+    """``{"max_num_seqs": "4"}`` -> ``["--max-num-seqs", "4", ...]``, defaults filled in."""
+    unknown = sorted(set(settings) - set(SERVER_DEFAULTS))
+    if unknown:
+        raise ValueError(f"not a server setting the harness sets: {', '.join(unknown)}")
+    chosen = {**SERVER_DEFAULTS, **settings}
+    return [part for k, v in chosen.items() for part in ("--" + k.replace("_", "-"), v)]
+
+
 def command(
-    model: Path, port: int, extra: Sequence[str] = (), *, cpu_build: bool | None = None
+    model: Path,
+    port: int,
+    extra: Sequence[str] = (),
+    *,
+    cpu_build: bool | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> list[str]:
     return [
         sys.executable,
@@ -77,10 +97,7 @@ def command(
         str(port),
         *eager_flags(cpu_build),
         "--no-enable-prefix-caching",
-        "--max-num-seqs",
-        "16",
-        "--max-num-batched-tokens",
-        "2048",
+        *setting_flags(settings or {}),
         "--max-model-len",
         "1024",
         "--disable-uvicorn-access-log",
@@ -143,6 +160,7 @@ def vllm_server(
     ready_timeout_s: float = 300.0,
     kv_cache_space_gib: int = 1,
     cpus: frozenset[int] | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> Iterator[Server]:
     """``cpus``: pin the server (and its OpenMP threads) to these cores, so that a load
     generator on the other cores is never preempted by it."""
@@ -154,7 +172,7 @@ def vllm_server(
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            command(model, port, extra),
+            command(model, port, extra, settings=settings),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -176,12 +194,30 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: f
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"vLLM server exited with {proc.returncode} before ready:\n{tail}")
+            text = log.read_text(errors="replace")
+            raise RuntimeError(
+                f"vLLM server exited with {proc.returncode} before ready: {last_error(text)}"
+                f" (log: {log}; its end:\n{text[-2000:]})"
+            )
         if _healthy(url):
             return
         time.sleep(0.5)
     raise RuntimeError(f"vLLM server at {url} not ready after {timeout_s:g} s (log: {log})")
+
+
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception)\b:?.*$", re.MULTILINE)
+
+
+def last_error(log_text: str) -> str:
+    """The last exception of a server's log, with the indented lines that continue it
+    (pydantic puts the message there): what a record's reason should say first, where the
+    log's end is mostly traceback. A note when there is none."""
+    found = list(_ERROR_LINE.finditer(log_text))
+    if not found:
+        return "no exception line in its log"
+    first, *rest = log_text[found[-1].start() :].splitlines()
+    more = [line.strip() for line in rest[:3] if line[:1].isspace() and line.strip()]
+    return " ".join([first.strip(), *more])[:600]
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -7,7 +7,8 @@ the modules behind these names are the harness's own business and may move.
 
 * the engine contract: ``TensorEngine``, ``GenerativeEngine``, ``TensorSpec``,
   ``GenerationRequest``, ``EngineConfig``, ``EngineError``, ``Family``, ``registry``;
-* the session: ``Cell``, ``RunSettings``, ``settings_of``, ``OpenEngine``, ``cache_root``;
+* the session: ``Cell``, ``RunSettings``, ``settings_of``, ``OpenEngine``,
+  ``merge_options``, ``cache_root``;
 * load: clocks, arrival schedules, the serving loop and batching policies, the streaming
   driver, capacity search and sweeps, client processes (local and on Ray);
 * summaries and statistics: ``summarize_trace``, ``summarize_stream``, ``stats``,
@@ -104,6 +105,7 @@ from harness.session.config import (
     cache_root,
 )
 from harness.session.execution import ClientsOn
+from harness.session.opening import merge_options
 from harness.session.traffic import SessionSpec
 
 __all__ = [
@@ -183,6 +185,7 @@ __all__ = [
     "gc_paused",
     "is_network_client",
     "judge",
+    "merge_options",
     "noopserver",
     "parse_slos",
     "registry",

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Generator, Iterator, Mapping
+import time
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -24,22 +25,24 @@ from harness.report import matrix
 from harness.results import store
 from harness.results.records import Status
 from harness.results.redact import redact_text
-from harness.session import benchbridge
+from harness.session import benchbridge, progress
 from harness.session.cell import REPORT_SPEC_MARK, Cell
 from harness.session.config import RunSettings, check_writable_dir
 from harness.session.execution import Dist, Isolation
+from harness.session.opening import merge_options, start_info
 from harness.session.options import add_options, check_rootdir, settings_from
 from harness.session.outcome import RunExit, run_exit
 from harness.session.passes import run_isolated
 from harness.session.pool import EnginePool, NewEngineInstance
 from harness.session.resume import Resume, resumable, select_for_resume
 from harness.session.state import (
+    CONFIG_ARG,
     ENGINE_ARG,
     RunState,
-    engine_of,
     is_cell,
     planned_cell,
     resume_run,
+    run_order,
     start_run,
 )
 from harness.session.worker import (
@@ -70,6 +73,8 @@ class Shared:
     def __init__(self, fresh_process_per_instance: bool) -> None:
         self.runner = asyncio.Runner()
         self.pool = EnginePool(fresh_process_per_instance)
+        self.starts: dict[tuple[str, ...], float] = {}
+        """Seconds each engine configuration took to load (by pool key)."""
 
     def close(self) -> list[str]:
         errors = self.pool.close_all()
@@ -108,6 +113,7 @@ def _configure(config: pytest.Config) -> None:
         check_rootdir(config)
     settings = settings_from(config)
     config.stash[SETTINGS] = settings
+    progress.register(config, settings, lambda: config.stash.get(RUN, None))
     spec_path = config.getoption("harness_worker")
     if spec_path:
         become_worker()
@@ -152,9 +158,15 @@ def settings_of(config: pytest.Config) -> RunSettings:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if ENGINE_ARG in metafunc.fixturenames:
-        engines = settings_of(metafunc.config).engines
+    if ENGINE_ARG not in metafunc.fixturenames:
+        return
+    settings = settings_of(metafunc.config)
+    engines = settings.engines
+    if not settings.engine_grid or CONFIG_ARG not in metafunc.fixturenames:
         metafunc.parametrize(ENGINE_ARG, engines, ids=list(engines))
+        return
+    pairs = [(e, label) for e in engines for label in settings.engine_grid.labels(e)]
+    metafunc.parametrize([ENGINE_ARG, CONFIG_ARG], pairs, ids=[f"{e}-{c}" for e, c in pairs])
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -171,8 +183,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Group cells by engine, in ``--engine`` order, so each engine starts once and runs
     alone (a server or engine of the next one is not yet up and polling). Resuming, keep
     only the run's planned cells that have no ok record."""
-    order = {name: i for i, name in enumerate(settings_of(config).engines)}
-    items.sort(key=lambda item: order.get(engine_of(item) or "", -1))  # stable sort
+    settings = settings_of(config)
+    items.sort(key=lambda item: run_order(settings, item))  # stable sort
     only = config.getoption("harness_only")
     if only:  # a Ray node runs one cell of the driver's run (harness.dist.remotecell)
         config.hook.pytest_deselected(items=[i for i in items if i.nodeid != only])
@@ -226,8 +238,17 @@ def engine_name() -> str:
 
 
 @pytest.fixture
+def engine_config() -> str | None:
+    """The cell's ``--engine-grid`` configuration; parametrized in a grid run."""
+    return None
+
+
+@pytest.fixture
 def cell(
-    request: pytest.FixtureRequest, harness_settings: RunSettings, engine_name: str
+    request: pytest.FixtureRequest,
+    harness_settings: RunSettings,
+    engine_name: str,
+    engine_config: str | None,
 ) -> Iterator[Cell]:
     """This test's matrix cell; skips with the reason when the engine cannot serve it.
     Resource use is sampled from here until its record is written."""
@@ -308,30 +329,43 @@ def open_engine(
 ) -> Iterator[OpenEngine]:
     """``open_engine(model, options=..., shared=...)`` -> a loaded engine of this cell.
 
-    ``options`` add to the user's ``--engine-opt`` values (the user's win). Unshared
-    engines are closed at teardown; shared ones at the end of the session.
+    ``options`` are the workload's; the user's ``--engine-opt`` values and the cell's
+    ``--engine-grid`` configuration add to them. Where the user fixes an option the
+    workload sets to another value, the cell is skipped saying so: it would measure
+    something other than its parameters say. Unshared engines are closed at teardown;
+    shared ones at the end of the session. How long the engine took to start is in the
+    record (``engine_info.start``), never in a measured figure.
     """
     opened: list[Engine] = []
     config = request.config
+    starts = _shared(config).starts
 
     def _open(
         model: Path, *, options: Mapping[str, str] | None = None, shared: bool = False
     ) -> Engine:
-        merged = {**(options or {}), **harness_settings.engine_options.get(cell.engine, {})}
+        merged = merge_options(cell, harness_settings, options or {})
         econf = EngineConfig(model=model, device=harness_settings.device, options=merged)
-        load: Callable[[], Engine] = lambda: _loader(config, cell.engine, econf)  # noqa: E731
+        key = (
+            cell.engine,
+            str(model),
+            econf.device,
+            *(f"{k}={v}" for k, v in sorted(merged.items())),
+        )
+        paid: list[bool] = []
+
+        def load() -> Engine:
+            began = time.perf_counter()
+            engine = _loader(config, cell.engine, econf)
+            starts[key] = time.perf_counter() - began
+            paid.append(True)
+            return engine
+
         if shared:
-            key = (
-                cell.engine,
-                str(model),
-                econf.device,
-                *sorted(f"{k}={v}" for k, v in merged.items()),
-            )
             engine = engine_pool.get(key, load)
         else:
             engine = load()
             opened.append(engine)
-        cell.engine_info = engine.describe()
+        cell.engine_info = engine.describe() | {"start": start_info(starts.get(key), bool(paid))}
         return engine
 
     yield _open

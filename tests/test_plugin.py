@@ -117,6 +117,9 @@ def test_every_planned_cell_leaves_a_record_with_its_status(pytester, fakes):
         "forgot_to_finish.fake-unavailable": "skipped",
     }
     ok = records["measure.fake-tensor.n=100"]
+    start = ok.engine_info.pop("start")  # how long loading took: recorded, not measured
+    assert start["in_this_cell"] is True
+    assert start["seconds"] >= 0
     assert ok.engine_info == {"engine": "fake-tensor", "version": "0-fake", "options": {}}
     assert ok.seeds == {"inputs": 7}
     assert ok.environment["python"]["version"]

@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from harness.api import RunSettings, UsageError, settings_of
+from harness.api import EngineError, RunSettings, UsageError, settings_of
 from workloads import pipeline, usermodel
 from workloads.generative import model_dir
 
@@ -68,16 +69,24 @@ class Endpoint:
 
     base_url: str
     client_cpus: frozenset[int] | None
+    start_s: float
+    """How long the server took to start (recorded, never measured as latency)."""
+    settings: tuple[tuple[str, str], ...]
 
     def pin_client(self) -> None:
         if self.client_cpus:
             os.sched_setaffinity(0, self.client_cpus)
 
 
+ServerKey = tuple[bool, tuple[tuple[str, str], ...]]
+
+
 class Servers:
     """The harness-started vLLM OpenAI servers of this process: one alive at a time, started
     on first use with the settings a cell asks for (prefix caching off, unless a workload
-    studies reuse), restarted when a cell asks for others.
+    studies reuse; the run's openai server settings, ``--engine-opt``/``--engine-grid``),
+    restarted when a cell asks for others. A server that failed to start is remembered:
+    later cells of its settings fail at once, in its words.
 
     Load generator and server get separate cores: sharing them, the client was preempted
     for tens of ms at a time (open-loop lag p99 100-200 ms; split: 2-3 ms).
@@ -87,25 +96,56 @@ class Servers:
         self.settings = settings
         self.logs = logs
         self.stack = contextlib.ExitStack()
-        self.current: tuple[bool, Endpoint] | None = None
+        self.current: tuple[ServerKey, Endpoint] | None = None
+        self.failed: dict[ServerKey, str] = {}
         self.before = os.sched_getaffinity(0)
 
-    def endpoint(self, *, prefix_caching: bool = False) -> Endpoint:
+    def endpoint(
+        self,
+        *,
+        prefix_caching: bool = False,
+        settings: Mapping[str, str] | None = None,
+        before_start: Callable[[], None] = lambda: None,
+    ) -> tuple[Endpoint, bool]:
+        """The server for these settings, and whether this call started it.
+        ``before_start``: called before another server than the running one is started
+        (the engine pool's ``before_new_instance``)."""
+        key: ServerKey = (prefix_caching, tuple(sorted((settings or {}).items())))
+        if self.current is not None and self.current[0] == key:
+            return self.current[1], False
+        if key in self.failed:
+            raise EngineError(
+                f"the vLLM server failed to start for an earlier cell: {self.failed[key]}"
+            )
+        if self.current is not None:
+            before_start()
+        self.close()
+        try:
+            self.current = (key, self._start(key))
+        except RuntimeError as exc:
+            self.failed[key] = str(exc)
+            raise EngineError(str(exc)) from None
+        return self.current[1], True
+
+    def _start(self, key: ServerKey) -> Endpoint:
         from engines.vllm_server import split_cpus, vllm_server  # noqa: PLC0415
 
-        if self.current is not None and self.current[0] == prefix_caching:
-            return self.current[1]
-        self.close()
+        prefix_caching, chosen = key
         split = split_cpus()
         extra = ("--enable-prefix-caching",) if prefix_caching else ()
-        log = self.logs / f"server-{'prefix' if prefix_caching else 'plain'}.log"
+        name = "-".join(["prefix" if prefix_caching else "plain", *(f"{k}{v}" for k, v in chosen)])
+        began = time.perf_counter()
         server = self.stack.enter_context(
             vllm_server(
-                model_dir(self.settings), log, extra=extra, cpus=split[1] if split else None
+                model_dir(self.settings),
+                self.logs / f"server-{name}.log",
+                extra=extra,
+                cpus=split[1] if split else None,
+                settings=dict(chosen),
             )
         )
-        self.current = (prefix_caching, Endpoint(server.base_url, split[0] if split else None))
-        return self.current[1]
+        took = time.perf_counter() - began
+        return Endpoint(server.base_url, split[0] if split else None, took, chosen)
 
     def close(self) -> None:
         self.current = None

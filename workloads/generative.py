@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from engines.vllm_server import SERVER_DEFAULTS
 from harness.api import (
     AUTO_CLIENTS,
     Cell,
@@ -42,6 +43,7 @@ from harness.api import (
     SharedLoad,
     SlowLog,
     counter_delta,
+    merge_options,
     registry,
     run_shared,
     servermetrics,
@@ -115,18 +117,29 @@ def _open(
     endpoint = None
     if prefix_caching is not None:
         opts |= prefix_cache_setting(cell.engine, settings, on=prefix_caching)
-    if cell.engine == "openai" and "base_url" not in settings.engine_options.get("openai", {}):
-        endpoint = request.getfixturevalue("openai_servers").endpoint(
-            prefix_caching=bool(prefix_caching)
+    user = settings.options_for(cell.engine, cell.params)
+    merged = merge_options(cell, settings, opts)  # skips a cell whose options the user fixed
+    if cell.engine == "openai" and "base_url" not in user:
+        servers = request.getfixturevalue("openai_servers")  # workloads/conftest.py
+        # defaults filled in: a cell that names a default shares the server of one that does not
+        chosen = {k: merged.get(k, v) for k, v in SERVER_DEFAULTS.items()}
+        endpoint, started = servers.endpoint(
+            prefix_caching=bool(prefix_caching),
+            settings=chosen,
+            before_start=request.getfixturevalue("engine_pool").before_new_instance,
         )
-        opts["base_url"] = endpoint.base_url
+        opts["base_url"] = merged["base_url"] = endpoint.base_url
     engine = open_engine(model, options=opts, shared=True)
     if endpoint is not None:
         endpoint.pin_client()  # after open_engine: closing a previous engine may unpin
+        cell.engine_info["server"] = {
+            "started_by": "the harness",
+            "start_s": round(endpoint.start_s, 3),
+            "started_for_this_cell": started,
+            "settings": dict(endpoint.settings),
+        }
     if not isinstance(engine, GenerativeEngine):
         raise EngineError(f"{cell.engine} is not a generative engine")
-    # as open_engine merges them: the user's --engine-opt values win
-    merged = {**opts, **settings.engine_options.get(cell.engine, {})}
     return engine, EngineConfig(model=model, device=settings.device, options=merged)
 
 
@@ -136,7 +149,7 @@ def prefix_cache_setting(engine: str, settings: RunSettings, *, on: bool) -> dic
     starts is started so. Skips the cell (saying why) where the setting cannot be had:
     an engine with no such option asked for it on, a server the user runs, or an
     ``--engine-opt`` that fixes it the other way."""
-    user = settings.engine_options.get(engine, {})
+    user = settings.engine_options.get(engine, {})  # a grid's value: merge_options checks it
     if engine == "openai":
         if "base_url" in user:
             pytest.skip(

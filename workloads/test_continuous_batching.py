@@ -14,6 +14,7 @@ import asyncio
 
 import pytest
 
+from engines.vllm_server import SERVER_DEFAULTS
 from harness.api import Cell, Driver, MonotonicClock, OpenEngine, OpenLoop, ReportSpec, RunSettings
 from workloads import reporting
 from workloads.generative import (
@@ -30,7 +31,6 @@ PROMPT = (64, 16, 256)
 OUTPUT = (32, 4, 128)  # wide spread: what static batching pays for
 RATE = 8.0  # about half of what one 2-core CPU serves: load, not overload
 GRID = [("continuous", 16), ("static", 16), ("continuous", 4), ("static", 4)]
-SERVER_SEQS = 16  # the harness-started server's max_num_seqs (engines/vllm_server.py)
 
 # The offered stream is fixed; the batching mode and max_num_seqs are what is chosen.
 REPORT = ReportSpec(
@@ -53,11 +53,9 @@ def test_continuous_batching(
     mode: str,
     max_num_seqs: int,
 ) -> None:
-    if cell.engine == "openai" and max_num_seqs != SERVER_SEQS:
-        pytest.skip(
-            f"max_num_seqs is a server setting; the harness-started server uses {SERVER_SEQS}"
-        )
-    options = {} if cell.engine == "openai" else {"max_num_seqs": str(max_num_seqs)}
+    if cell.engine == "openai":
+        _skip_unless_served(harness_settings, cell, max_num_seqs)
+    options = {"max_num_seqs": str(max_num_seqs)}
     model = model_dir(harness_settings)
     engine = open_generative(request, open_engine, cell, model, options)
     seed = harness_settings.seed + 2000
@@ -86,3 +84,16 @@ def test_continuous_batching(
             "engine_counters": counters,
         },
     )
+
+
+def _skip_unless_served(settings: RunSettings, cell: Cell, max_num_seqs: int) -> None:
+    """Through a server, max_num_seqs is the server's setting: one server serves the
+    run's cells, so only the cells of its value run (``--engine-grid
+    openai.max_num_seqs=4,16`` starts a server for each)."""
+    fixed = settings.options_for("openai", cell.params)
+    served = int(fixed.get("max_num_seqs", SERVER_DEFAULTS["max_num_seqs"]))
+    if served != max_num_seqs:
+        pytest.skip(
+            f"max_num_seqs is a server setting; this run's harness-started server uses"
+            f" {served} (--engine-grid openai.max_num_seqs=... starts one per value)"
+        )

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from harness.engine import BatchingMode, is_fatal
 from harness.load.clock import Clock, gc_paused
+from harness.load.progress import LIVE, schedule_span
 from harness.metrics import stats
 
 
@@ -185,7 +186,9 @@ def serve_open_loop(
     one that never returns is left to the cell's deadline.
     """
     with gc_paused():
+        LIVE.begin_window(schedule_span(offsets), int(offsets.size))
         trace = _serve(offsets, policy, run_batch, clock)
+        LIVE.end_window()
     _apply_timeout(trace, timeout_s)
     return trace
 
@@ -196,6 +199,8 @@ def _apply_timeout(trace: ServeTrace, timeout_s: float) -> None:
         trace.failed |= late
         key = f"timeout after {timeout_s:g} s"
         trace.errors[key] = trace.errors.get(key, 0) + int(late.sum())
+        LIVE.completed -= int(late.sum())  # answered, but after its client gave up
+        LIVE.failed += int(late.sum())
 
 
 def _serve(
@@ -229,7 +234,9 @@ def _serve(
         if wake is None:
             raise RuntimeError(f"{policy!r} waits forever with {len(queue)} queued requests")
         clock.sleep_until(wake)
-        trace.lag.append(clock.now() - wake)
+        lag = clock.now() - wake
+        trace.lag.append(lag)
+        LIVE.lag_s = lag
     return trace
 
 
@@ -242,16 +249,19 @@ def _next_wake(decision: Wait, t_sched: npt.NDArray[np.float64], nxt: int) -> fl
 
 def _run_one_batch(batch: list[int], run_batch: RunBatch, clock: Clock, trace: ServeTrace) -> None:
     t_send = clock.now()
+    LIVE.sent += len(batch)
     spans: Mapping[str, float] = {}
     try:
         result = run_batch(batch)
         spans = {"infer": result} if isinstance(result, float | int) else result
         infer = float(spans.get("infer", float("nan")))
+        LIVE.completed += len(batch)
     except Exception as exc:  # a failed batch fails its requests; the run goes on
         if is_fatal(exc):
             raise  # the engine is gone: measuring on would only count its corpse
         infer = float("nan")
         trace.failed[batch] = True
+        LIVE.failed += len(batch)
         key = f"{type(exc).__name__}: {exc}"[:300]
         trace.errors[key] = trace.errors.get(key, 0) + 1
     t_done = clock.now()

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from harness.engine import Chunk, GenerationRequest, GenerativeEngine, Message
 from harness.load.clock import gc_paused
+from harness.load.progress import LIVE, schedule_span
 from harness.load.streamdriver import Driver, sleep_until
 from harness.metrics.streamtiming import RequestRecord
 
@@ -109,13 +110,17 @@ async def run_sessions(
     if len(sessions) != len(arrivals):
         raise ValueError("one arrival per session")
     with gc_paused():
+        # planned: the last session's arrival, and every turn (a failed turn ends its session)
+        LIVE.begin_window(schedule_span(arrivals), sum(len(s.turns) for s in sessions))
         start = driver.clock.now()
         tasks: dict[int, asyncio.Task[list[Turn]]] = {}
         for i in np.argsort(arrivals, kind="stable").tolist():
             due = start + float(arrivals[i])
             await sleep_until(driver.clock, due)
             tasks[i] = asyncio.create_task(_converse(driver, i, sessions[i], due))
-        return [turn for i in range(len(sessions)) for turn in await tasks[i]]
+        turns = [turn for i in range(len(sessions)) for turn in await tasks[i]]
+        LIVE.end_window()
+        return turns
 
 
 def active_sessions(turns: Sequence[Turn]) -> dict[str, float]:

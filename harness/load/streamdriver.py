@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from harness.engine import Chunk, GenerationRequest, GenerativeEngine, is_fatal
 from harness.load.clock import Clock, gc_paused
+from harness.load.progress import LIVE, schedule_span
 from harness.metrics.streamtiming import InputSource, RequestRecord
 
 T = TypeVar("T")
@@ -111,6 +112,9 @@ class Driver:
         """Send ``req`` now; a failure of any kind is recorded on the request, never raised."""
         clock = self.clock
         t_send = clock.now()
+        lag = t_send - (t_sched if t_intended is None else t_intended)
+        LIVE.sent += 1
+        LIVE.lag_s = lag
         seen = _Seen()
         error: str | None = None
         try:
@@ -125,6 +129,10 @@ class Driver:
             error = f"{type(exc).__name__}: {exc}"[:300]
         if error is None and not any(seen.tokens):
             error = "stream ended without any output token"
+        if error is None:
+            LIVE.completed += 1
+        else:
+            LIVE.failed += 1
         n_in, source = _n_in(req, seen.prompt_tokens, self.count_input)
         return RequestRecord(
             t_sched=t_sched,
@@ -142,7 +150,7 @@ class Driver:
             engine_stats=seen.engine_stats,
             n_out_retokenized=seen.retokenized,
             client_stats=seen.client_stats,
-            lag=t_send - (t_sched if t_intended is None else t_intended),
+            lag=lag,
         )
 
     async def closed_loop(
@@ -170,9 +178,12 @@ class Driver:
                     return
 
         with gc_paused():  # the window starts after the collection, not before
+            # with a duration, ``requests`` only bounds the count: no planned count
+            LIVE.begin_window(min_duration_s, len(requests) if min_duration_s is None else None)
             if min_duration_s is not None:
                 stop_at = self.clock.now() + min_duration_s
             await asyncio.gather(*(user() for _ in range(concurrency)))
+            LIVE.end_window()
         return [r for r in out if r is not None]
 
     async def open_loop(
@@ -181,6 +192,7 @@ class Driver:
         if len(requests) != len(offsets):
             raise ValueError("one scheduled offset per request")
         with gc_paused():  # the schedule starts after the collection, not before
+            LIVE.begin_window(schedule_span(offsets), len(requests))
             start = self.clock.now()
             # One dispatcher walks the schedule and starts each request when it is due:
             # one timer at a time instead of one per request keeps the loop free for I/O.
@@ -189,7 +201,9 @@ class Driver:
                 t_sched = start + float(offsets[i])
                 await sleep_until(self.clock, t_sched)
                 tasks[i] = asyncio.create_task(self.one(requests[i], t_sched))
-            return [await tasks[i] for i in range(len(requests))]
+            records = [await tasks[i] for i in range(len(requests))]
+            LIVE.end_window()
+            return records
 
     async def static_batches(
         self, requests: Sequence[GenerationRequest], offsets: npt.NDArray[np.float64], batch: int
@@ -197,9 +211,12 @@ class Driver:
         if batch < 1:
             raise ValueError("batch must be >= 1")
         with gc_paused():
+            LIVE.begin_window(schedule_span(np.asarray(offsets)), len(requests))
             start = self.clock.now()
             due = start + np.asarray(offsets, dtype=np.float64)
-            return await self._groups(requests, due, batch, start)
+            records = await self._groups(requests, due, batch, start)
+            LIVE.end_window()
+            return records
 
     async def _groups(
         self,

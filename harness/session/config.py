@@ -27,6 +27,7 @@ from harness.session.execution import (
     Reliability,
     check_repeats,
 )
+from harness.session.grid import CONFIG_PARAM, EngineGrid, parse_grid
 from harness.session.traffic import Traffic
 
 
@@ -120,6 +121,15 @@ class RunSettings:
     repeats: int = 1
     """Measurements of every cell, each in a fresh worker process (``--repeats``), so that
     ``compare`` can judge a change against the spread between processes."""
+    engine_grid: EngineGrid = field(default_factory=EngineGrid)
+    """Configurations each engine's cells are measured in (``--engine-grid``)."""
+
+    def options_for(self, engine: str, params: Mapping[str, object]) -> dict[str, str]:
+        """The options the user fixed for a cell of ``engine`` with ``params``: its
+        ``--engine-opt`` values and those of the cell's configuration (``config``)."""
+        label = params.get(CONFIG_PARAM)
+        chosen = self.engine_grid.options(engine, label if isinstance(label, str) else None)
+        return {**self.engine_options.get(engine, {}), **chosen}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,6 +154,7 @@ class RunSettings:
             "dist": self.dist.to_json(),
             "repeats": self.repeats,
             "traffic": self.traffic.to_json(),
+            "engine_grid": self.engine_grid.to_json(),
         }
 
     @property
@@ -292,6 +303,10 @@ def _engine_options(
     return by_engine
 
 
+def _validate(engine: str, options: Mapping[str, str]) -> None:
+    registry.load(engine).validate_options(options)
+
+
 def parse_settings(
     *,
     engines: Sequence[str] | None,
@@ -313,8 +328,11 @@ def parse_settings(
     dist: Distribution | None = None,
     repeats: int = 1,
     traffic: Traffic | None = None,
+    engine_grid: Sequence[str] | None = None,
+    engine_grid_file: str | None = None,
 ) -> RunSettings:
     names = _engines(engines)
+    options = _engine_options(engine_options, names)
     dist = dist or Distribution()
     reliability = reliability or Reliability()
     if seed < 0:
@@ -329,7 +347,8 @@ def parse_settings(
         images=_images(images),
         dims=_dims(dims),
         dynamic_batch=_dynamic_batch(dynamic_batch, model),
-        engine_options=_engine_options(engine_options, names),
+        engine_options=options,
+        engine_grid=parse_grid(engine_grid, engine_grid_file, names, options, _validate),
         slos=_slos(slo),
         clients=_clients(clients, names),
         clients_on=_clients_on(clients_on, _clients(clients, names), dist),

@@ -30,6 +30,7 @@ import pytest
 
 from harness.results.records import Status
 from harness.results.store import LOGS
+from harness.session import progress
 from harness.session.child import Child, Event, describe_exit, spawn
 from harness.session.execution import Reliability
 from harness.session.worker import WorkerSpec, worker_argv
@@ -448,6 +449,9 @@ class Watch:
         self.flight = None
         self.deadline = time.monotonic() + self.limits.load_timeout_s
         self.phase = f"closing before {data['nodeid']} moves to a fresh worker"
+
+    def _on_progress(self, data: dict[str, Any]) -> None:
+        progress.forward(self.sup.config, data)
 
     def _on_incident(self, data: dict[str, Any]) -> None:
         self.sup.recorder.incident(str(data.get("text", "")))

@@ -14,6 +14,7 @@ from harness.exceptions import UsageError
 from harness.results import redact
 from harness.session.config import ProfileName, RunSettings, parse_settings
 from harness.session.execution import parse_dist, parse_reliability
+from harness.session.progress import add_option as add_progress_option
 from harness.session.traffic import DATASET_FORMATS, TRACE_FORMATS, parse_traffic
 
 
@@ -78,6 +79,20 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="ENGINE.KEY=VALUE",
         help="adapter option, e.g. onnxruntime.intra_op_threads=2",
     )
+    group.addoption(
+        "--engine-grid",
+        action="append",
+        metavar="ENGINE.KEY=V1,V2",
+        help="measure every cell of ENGINE once per value (repeat for more keys: the cross"
+        " product), e.g. vllm.max_num_seqs=4,16; the configuration is the cell parameter"
+        " config",
+    )
+    group.addoption(
+        "--engine-grid-file",
+        metavar="FILE",
+        help="named engine configurations instead: a TOML table [ENGINE.NAME] of options"
+        " per configuration",
+    )
     _add_traffic_options(group)
     group.addoption(
         "--repeats",
@@ -106,6 +121,7 @@ def add_options(parser: pytest.Parser) -> None:
         " (default: local)",
     )
     _add_reliability_options(parser)
+    add_progress_option(group)
     VALUE_OPTIONS.update(
         name
         for arg in group.options
@@ -381,6 +397,8 @@ def settings_from(config: pytest.Config) -> RunSettings:
             clients_on=opt("clients_on"),
             reliability=reliability,
             repeats=opt("repeats"),
+            engine_grid=opt("engine_grid"),
+            engine_grid_file=opt("engine_grid_file"),
             traffic=parse_traffic(
                 dataset=opt("dataset"),
                 dataset_format=opt("dataset_format"),

@@ -34,6 +34,13 @@ class EnginePool:
     def new_cell(self) -> None:
         self._this_cell = set()
 
+    def before_new_instance(self) -> None:
+        """Call before starting what a new engine configuration needs outside the pool (a
+        server): in a worker that holds an earlier configuration's engine, the cell goes to
+        a fresh worker first, rather than starting it here and again there."""
+        if self._fresh_process and set(self._engines) - self._this_cell:
+            raise NewEngineInstance("a new engine configuration")
+
     def get(self, key: Key, make: Callable[[], Engine]) -> Engine:
         if key not in self._engines:
             if self._fresh_process and set(self._engines) - self._this_cell:

@@ -33,9 +33,12 @@ from harness.session import traffic
 from harness.session.cell import REPORT_SPEC_MARK, Cell, make_cell_id
 from harness.session.config import RunSettings
 from harness.session.execution import Dist
+from harness.session.grid import CONFIG_PARAM
 from harness.session.worker import EventSink
 
 ENGINE_ARG = "engine_name"
+CONFIG_ARG = "engine_config"
+"""The fixture parametrized with a cell's ``--engine-grid`` configuration (its label)."""
 
 
 def is_cell(item: pytest.Item) -> bool:
@@ -48,10 +51,29 @@ def engine_of(item: pytest.Item) -> str | None:
     return str(engine) if engine is not None and is_cell(item) else None
 
 
+def config_of(item: pytest.Item) -> str | None:
+    """The cell's engine configuration (``--engine-grid``); None outside a grid run."""
+    spec = getattr(item, "callspec", None)
+    label = spec.params.get(CONFIG_ARG) if spec else None
+    return str(label) if label is not None and is_cell(item) else None
+
+
+def run_order(settings: RunSettings, item: pytest.Item) -> tuple[int, int]:
+    """Cells by engine, in ``--engine`` order, and within it by configuration: an engine
+    (or its server) starts once per configuration."""
+    engine = engine_of(item) or ""
+    labels = settings.engine_grid.labels(engine)
+    config = config_of(item)
+    place = labels.index(config) if config in labels else -1
+    return (settings.engines.index(engine) if engine in settings.engines else -1), place
+
+
 def _params(item: pytest.Function) -> dict[str, ParamValue]:
     spec = getattr(item, "callspec", None)
     params = dict(spec.params) if spec else {}
     params.pop(ENGINE_ARG, None)
+    if CONFIG_ARG in params:  # first: the configuration is what the engine runs as
+        params = {CONFIG_PARAM: params.pop(CONFIG_ARG), **params}
     for key, value in params.items():
         if not isinstance(value, str | int | float | bool | type(None)):
             raise pytest.UsageError(
@@ -271,6 +293,7 @@ SETTINGS_ADDED_LATER: dict[str, object] = {
     "dynamic_batch": False,
     "repeats": 1,
     "traffic": traffic.DEFAULT_JSON,
+    "engine_grid": {},
 }
 """Settings newer than some run directories, with the value older runs measured with."""
 

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,10 +159,14 @@ class EventSink:
 
     def __init__(self, fd: int) -> None:
         self._out: TextIO = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+        # the progress sampler sends from a thread of its own: one whole line at a time
+        self._lock = threading.Lock()
 
     def send(self, kind: str, **data: Any) -> None:
+        line = json.dumps({"ev": kind, **data}, default=str) + "\n"
         try:
-            self._out.write(json.dumps({"ev": kind, **data}, default=str) + "\n")
+            with self._lock:
+                self._out.write(line)
         except BrokenPipeError:
             os._exit(3)  # nobody is listening: finishing the cell would be wasted work
 

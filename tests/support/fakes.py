@@ -8,7 +8,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from harness.engine import Arrays, Availability, Capabilities, EngineConfig, Family, TensorSpec
+from harness.engine import (
+    Arrays,
+    Availability,
+    Capabilities,
+    EngineConfig,
+    EngineError,
+    Family,
+    TensorSpec,
+)
 
 
 @dataclass
@@ -53,6 +61,8 @@ class FakeTensorEngine:
             raise ValueError(f"unknown option(s) {sorted(set(options) - {'fail'})}")
 
     def load(self) -> None:
+        if self.config.options.get("fail") == "load":
+            raise EngineError("fake engine: this configuration cannot start")
         self.loaded = True
 
     def describe(self) -> dict[str, Any]:
