@@ -14,7 +14,7 @@ from rich.table import Table
 from harness.engine import Availability, options, registry
 from harness.exceptions import RecordError
 from harness.metrics.streamtiming import parse_slos
-from harness.report import compare, htmlpage, matrix, recommend, runset
+from harness.report import compare, decision, htmlpage, matrix, recommend, runset
 from harness.report.publicpaths import PathStyle
 from harness.results import reading
 from harness.results.reading import Damaged, skipped_lines
@@ -77,8 +77,12 @@ def _skipped(console: Console, skipped: tuple[Damaged, ...]) -> None:
 
 def _report(args: argparse.Namespace, console: Console) -> int:
     dirs = [Path(d) for d in args.run_dirs]
+    try:
+        options = _decision_options(args)
+    except ValueError as exc:
+        return _error(console, exc)
     if args.html:
-        return _html(dirs, args.out, args.skip_damaged, console)
+        return _html(dirs, args.out, args.skip_damaged, console, options)
     status = 0
     for run_dir in dirs:
         try:
@@ -93,7 +97,37 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     return status
 
 
-def _html(dirs: list[Path], out: Path | None, skip_damaged: bool, console: Console) -> int:
+_DECISION_OPTIONS = {
+    "--slo": "slo",
+    "--gpu-hour-cost": "gpu_hour_cost",
+    "--energy-price": "energy_price",
+}
+
+
+def _decision_options(args: argparse.Namespace) -> decision.Options:
+    """The SLO and prices of the report's Decision; a bad one, or one given without
+    ``--html`` (only the page has a Decision), is a ValueError saying so."""
+    given = [o for o, v in _DECISION_OPTIONS.items() if getattr(args, v) is not None]
+    if given and not args.html:
+        raise ValueError(f"{', '.join(given)}: only with --html (they set the page's Decision)")
+    slos = None
+    if args.slo is not None:
+        try:
+            slos = parse_slos(args.slo)
+        except ValueError as exc:
+            raise ValueError(f"bad --slo {args.slo!r}: {exc}") from None
+        if not slos:
+            raise ValueError(f"bad --slo {args.slo!r}: no SLO given")
+    return decision.Options(slos, args.gpu_hour_cost, args.energy_price)
+
+
+def _html(
+    dirs: list[Path],
+    out: Path | None,
+    skip_damaged: bool,
+    console: Console,
+    options: decision.Options,
+) -> int:
     if out is None and len(dirs) > 1:
         console.print(
             "[red]error:[/red] several run directories merge into one report: "
@@ -104,7 +138,7 @@ def _html(dirs: list[Path], out: Path | None, skip_damaged: bool, console: Conso
     target = out if out is not None else dirs[0]
     try:
         runs = runset.load(dirs, skip_damaged=skip_damaged)
-        written = htmlpage.write(runs, target, skip_damaged=skip_damaged)
+        written = htmlpage.write(runs, target, skip_damaged=skip_damaged, options=options)
     except (OSError, ValueError) as exc:  # RecordError is a ValueError
         return _error(console, exc)
     console.print(
@@ -229,27 +263,9 @@ def _register_recommend(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         description=recommend.__doc__.split("\n\n")[0] if recommend.__doc__ else None,
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument(
-        "--slo",
-        required=True,
-        help="comma-separated METRIC_pNN=DURATION (metrics ttft, tpot, e2e, itl; units s, ms,"
-        " us), e.g. ttft_p99=200ms,tpot_p99=50ms,e2e_p99=2s",
-    )
-    p.add_argument(
-        "--gpu-hour-cost",
-        type=float,
-        metavar="X",
-        help="cost of one hour of the machine (any currency): rank by cost per 1M output"
-        " tokens / 1k requests or images",
-    )
-    p.add_argument(
-        "--energy-price",
-        type=float,
-        metavar="X",
-        help="price of one kWh (the same currency): add the GPU energy each configuration"
-        " used (its record's metrics.energy, from NVML) to its cost and rank by the sum;"
-        " where a record has no energy figure the output says energy was not included, and why",
-    )
+    p.add_argument("--slo", required=True, help=SLO_HELP)
+    p.add_argument("--gpu-hour-cost", type=float, metavar="X", help=GPU_HOUR_HELP)
+    p.add_argument("--energy-price", type=float, metavar="X", help=ENERGY_PRICE_HELP)
     p.add_argument("--json", metavar="PATH", help="also write the recommendation as JSON")
     reading.add_skip_damaged(p)
     p.set_defaults(func=_recommend)
@@ -293,6 +309,35 @@ def _recommend_usage(console: Console, message: str) -> int:
     return recommend.EXIT_USAGE
 
 
+SLO_HELP = (
+    "comma-separated METRIC_pNN=DURATION (metrics ttft, tpot, e2e, itl; units s, ms, us),"
+    " e.g. ttft_p99=200ms,tpot_p99=50ms,e2e_p99=2s"
+)
+GPU_HOUR_HELP = (
+    "cost of one hour of the machine (any currency): rank by cost per 1M output tokens /"
+    " 1k requests or images"
+)
+ENERGY_PRICE_HELP = (
+    "price of one kWh (the same currency): add the GPU energy each configuration used (its"
+    " record's metrics.energy, from NVML) to its cost and rank by the sum; where a record"
+    " has no energy figure the output says energy was not included, and why"
+)
+
+
+def _add_decision_options(rep: argparse.ArgumentParser) -> None:
+    rep.add_argument(
+        "--slo",
+        help="with --html: the SLO the Decision ranks under (default: the SLO the runs were"
+        " measured with, else none: ranked by throughput); " + SLO_HELP,
+    )
+    rep.add_argument(
+        "--gpu-hour-cost", type=float, metavar="X", help="with --html: " + GPU_HOUR_HELP
+    )
+    rep.add_argument(
+        "--energy-price", type=float, metavar="X", help="with --html: " + ENERGY_PRICE_HELP
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -302,7 +347,8 @@ def parser() -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "report",
         help="write matrix.md and matrix.csv into each run directory, or with --html one "
-        "self-contained HTML report (with plots) over all of them",
+        "self-contained HTML report over all of them: the Decision (engine and configuration"
+        " to run, Pareto fronts), the runs, the matrix and plots",
     )
     rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", type=Path)
     rep.add_argument("--print", action="store_true", help="also print matrix.md")
@@ -317,6 +363,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where the --html report goes (default: the run directory, when only one)",
     )
+    _add_decision_options(rep)
     reading.add_skip_damaged(rep)
     rep.set_defaults(func=_report)
     _register_compare(sub)

@@ -231,12 +231,12 @@ def test_chromium_renders_matrix_and_plots_without_console_errors(two_engines, t
     _keep_for_a_human(shot)
 
 
-def _keep_for_a_human(shot: Path) -> None:
+def _keep_for_a_human(shot: Path, name: str = "html-report.png") -> None:
     """HARNESS_SCREENSHOT_DIR: where to leave the screenshot for someone to look at."""
     target = os.environ.get("HARNESS_SCREENSHOT_DIR")
     if target:
         Path(target).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(target) / "html-report.png")
+        shutil.copy(shot, Path(target) / name)
 
 
 def test_builder_covers_every_plot_kind():
@@ -247,3 +247,154 @@ def test_builder_covers_every_plot_kind():
     served = report_runs.streaming("e", "r", MACHINE, server=True)
     assert served.metrics["server"]["series"]["requests_running"]
     assert len(served.metrics["server"]["scheduled"]) == len(served.samples["ttft"])
+
+
+# -- the Decision --------------------------------------------------------------------------
+
+PARETO = "pareto-streaming-load-open-level-8"
+
+
+@pytest.fixture
+def grid(tmp_path: Path) -> Path:
+    """A run of several engines and configurations (report_runs.GRID), measured under
+    ttft_p99=200ms,e2e_p99=2s."""
+    return report_runs.write_grid_run(tmp_path / "grid")
+
+
+def test_the_page_opens_with_the_decision(grid):
+    page, figures = htmlpage.render(runset.load([grid]))
+    assert '<nav><a href="#decision">Decision</a><a href="#runs">Runs</a>' in page
+    assert page.index('<h2 id="decision">') < page.index('<h2 id="runs">')
+    assert page.index('<h2 id="runs">') < page.index('<h2 id="matrix">')
+    text = html.unescape(page)
+    assert (
+        "Decided under SLO ttft_p99<=200ms, e2e_p99<=2000ms (the SLO the runs were measured"
+        " with: their manifests' settings.slos)"
+    ) in re.sub(r"</?strong>", "", text)
+    assert (
+        'Recommended: <strong class="engine">vllm</strong> <code class="configuration">'
+        'config=max_num_seqs=16</code>: goodput <strong class="rate">12 req/s</strong>'
+        ' [95% 9.95, 14.3] <span class="badge b-pareto">Pareto: TTFT, E2E</span>'
+    ) in text
+    assert "0.25 J per output token (GPU energy from NVML)" in text
+    assert (
+        "Runner-up: <strong>sglang config=default</strong>: goodput 11 req/s [95% 9.04, 13.3]"
+        " (energy not measured: no GPU power reading: NVML not found). Margin:"
+        ' <strong class="margin">8.33 % lower goodput</strong>; their 95 % intervals overlap:'
+        " the difference may be noise."
+    ) in text
+    assert (
+        "<li><strong>vllm config=max_num_seqs=4</strong>: lost: meets the SLO but goodput"
+        " 10 req/s is 16.7 % lower than the winner's [Pareto: TTFT, E2E]</li>"
+    ) in text
+    assert (
+        "<li><strong>tgi config=default</strong>: not recommended: ttft p99 300 ms > 200 ms"
+        " (+50 %)</li>"
+    ) in text
+    assert f'<figure id="plot-{PARETO}" class="plot pareto">' in page
+    assert figures[0].name == PARETO  # the Decision's plot comes first
+    decision_part = page[page.index('<h2 id="decision">') : page.index('<h2 id="runs">')]
+    assert f'id="{PARETO}-front-ttft"' in decision_part
+    assert f'id="{PARETO}-recommended-e2e"' in decision_part
+
+
+def test_report_cli_decides_under_the_slo_and_prices_given(grid, tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["report", str(grid), "--html", "--out", str(out), "--slo", "ttft_p99=60ms"]
+    assert cli.main([*argv, "--gpu-hour-cost", "3.6"]) == 0
+    page = html.unescape((out / "report.html").read_text())
+    assert "SLO ttft_p99<=60ms (given with --slo)" in page
+    assert "ranked by lowest cost per 1M output tokens at 3.6 per machine-hour" in page
+    assert (
+        'Recommended: <strong class="engine">vllm</strong> <code class="configuration">'
+        "config=max_num_seqs=4</code>"
+    ) in page
+    # 0.001 per second / 200 output tokens/s * 1e6
+    assert "5 per 1M output tokens" in page
+    assert "Runner-up: none (no other configuration meets the SLO)." in page
+    # none of its requests is within 60 ms: a goodput of 0, beaten on both fronts
+    assert (
+        "<li><strong>vllm config=max_num_seqs=16</strong>: not recommended: ttft p99 80 ms >"
+        " 60 ms (+33.3 %)</li>"
+    ) in page
+    assert (out / "plots" / f"{PARETO}.svg").read_text().startswith("<svg")
+    assert (out / "plots" / f"{PARETO}.png").read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--slo", "ttft_p99=1ms"], "--slo: only with --html"),
+        (["--html", "--slo", "ttft=1ms"], "bad --slo 'ttft=1ms': SLO 'ttft=1ms': expected"),
+        (["--html", "--energy-price", "-2"], "--energy-price must be a positive number"),
+    ],
+)
+def test_report_cli_refuses_decision_options_it_cannot_use(grid, capsys, argv, message):
+    assert cli.main(["report", str(grid), *argv]) == 2
+    assert message in capsys.readouterr().out
+    assert not (grid / "report.html").exists()
+
+
+def test_the_decision_without_an_slo_says_so(tmp_path):
+    run = report_runs.write_grid_run(tmp_path, slos=None)
+    page = html.unescape(htmlpage.render(runset.load([run]))[0])
+    assert "Decided under <strong>no SLO: ranked by throughput</strong>" in page
+    assert (
+        'Recommended: <strong class="engine">tgi</strong> <code class="configuration">'
+        'config=default</code>: throughput <strong class="rate">13 req/s</strong>'
+    ) in page
+    assert "energy not measured: the record has no metrics.energy (no NVML reading kept)" in page
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason="chromium is not installed "
+    "(python scripts/ensure_chromium.py installs Debian's package)",
+)
+@pytest.mark.slow
+def test_chromium_shows_the_decision_first_with_its_pareto_plot(grid, two_engines, tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    written = htmlpage.write(runset.load([grid, *two_engines]), tmp_path / "report")
+    problems: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(written.html.as_uri())
+            headings = page.locator("h2").all_inner_texts()
+            nav = page.locator("nav a").all_inner_texts()
+            tops = {
+                name: page.locator(f"h2#{name}").bounding_box()["y"]
+                for name in ("decision", "runs", "matrix")
+            }
+            section = page.locator(f"section.decision:has(#plot-{PARETO})")
+            picked = section.locator("p.pick").inner_text()
+            lost = section.locator("ul.lost li").all_inner_texts()
+            svg = section.locator("figure.pareto svg").bounding_box()
+            fronts = {
+                gid: page.locator(f"#{PARETO}-{gid}").bounding_box()
+                for gid in ("front-ttft", "front-e2e", "recommended-ttft", "recommended-e2e")
+            }
+            labels = section.locator("figure.pareto svg text").all_text_contents()
+            page.screenshot(path=str(tmp_path / "report" / "decision.png"))
+        finally:
+            browser.close()
+    assert problems == []
+    assert headings[0] == "Decision"
+    assert nav[0] == "Decision"
+    assert tops["decision"] < tops["runs"] < tops["matrix"]
+    assert picked.startswith("Recommended: vllm config=max_num_seqs=16: goodput 12 req/s")
+    assert lost[0].startswith(
+        "sglang config=default: lost: meets the SLO but goodput 11 req/s is 8.33 % lower"
+    )
+    assert (svg["width"] > 600, svg["height"] > 250) == (True, True), svg
+    # the front's step lines and the starred recommendation are drawn, not only present
+    assert all(box and box["width"] > 0 and box["height"] > 0 for box in fronts.values()), fronts
+    assert "Pareto front" in labels
+    assert {"vllm config=max_num_seqs=16", "sglang config=default", "tgi config=default"} <= set(
+        labels
+    )
+    _keep_for_a_human(tmp_path / "report" / "decision.png", "html-report-decision.png")

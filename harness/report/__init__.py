@@ -1,5 +1,6 @@
 """Reporting, a pure function of run directories: the result matrix (``matrix``), several
-runs as one body of evidence (``runset``), plots (``plots``), the HTML page (``htmlpage``),
+runs as one body of evidence (``runset``), plots (``plots``), the HTML page (``htmlpage``)
+and the Decision it opens with (``decision``, Pareto fronts in ``pareto``),
 ``compare`` (did a change make an engine faster?) and ``recommend`` (which engine and
 configuration to run under an SLO), each a package with a module per job (data model,
 evidence from the records, verdict or ranking, rendering). It imports no session, Ray or

@@ -1,5 +1,9 @@
 """The self-contained HTML report of one or more runs, with its plots as files.
 
+The page opens with the Decision (harness.report.decision): per question, the engine and
+configuration to run, the runner-up and the margin, why every other one lost, and a
+Pareto plot of rate against p99 latency; then the runs, the matrix and the other plots.
+
 Nothing on the page is fetched at view time: styles are inline, plots are inline SVG,
 and a cell's record opens in place (``<details>``), so the file can be mailed or
 published as is. It is a pure function of the records: building twice gives the same
@@ -23,9 +27,19 @@ import jinja2
 
 from harness.engine import installed_version
 from harness.exceptions import WriteError
-from harness.report import plots, plotset, runset
-from harness.report.matrix import Entry, Matrix, entry_text, publish, to_csv, to_markdown, writing
+from harness.report import decision, paretoplot, plots, plotset, runset
+from harness.report.matrix import (
+    Entry,
+    Matrix,
+    entry_text,
+    fmt_number,
+    publish,
+    to_csv,
+    to_markdown,
+    writing,
+)
 from harness.report.publicpaths import PathStyle
+from harness.report.recommend.render import ci_text
 from harness.results.reading import Damaged, RunContents, vet
 from harness.results.records import CellRecord, Status, format_param
 
@@ -33,6 +47,8 @@ DRILL_DOWN_SLOW_REQUESTS = 5
 """Slow requests shown in a record's drill-down; the run directory has them all."""
 PUBLISHED_MODE = 0o644
 """A report is for others to read (the atomic writer creates owner-only files)."""
+DECIDE_AS_MEASURED = decision.Options()
+"""The Decision under the SLO the runs were measured with, nothing priced."""
 
 
 @dataclass(frozen=True)
@@ -159,29 +175,94 @@ def _sections(figures: list[plots.Plot]) -> list[Section]:
     ]
 
 
-def render(runs: runset.RunSet, *, skip_damaged: bool = False) -> tuple[str, list[plots.Plot]]:
-    """The page and the plots it shows."""
-    _, (page, figures, _) = _vetted(runs, skip_damaged)
+def render(
+    runs: runset.RunSet,
+    *,
+    skip_damaged: bool = False,
+    options: decision.Options = DECIDE_AS_MEASURED,
+) -> tuple[str, list[plots.Plot]]:
+    """The page and the plots it shows (the Decision's Pareto plots first)."""
+    _, (page, figures, _) = _vetted(runs, skip_damaged, options, None)
     return page, figures
 
 
 _Built = tuple[str, list[plots.Plot], runset.Merged]
 
 
-def _vetted(runs: runset.RunSet, skip_damaged: bool) -> tuple[runset.RunSet, _Built]:
+def _vetted(
+    runs: runset.RunSet, skip_damaged: bool, options: decision.Options, style: PathStyle | None
+) -> tuple[runset.RunSet, _Built]:
     """The page built from ``runs`` less the records it cannot be built from."""
-    kept, built = vet([r.contents for r in runs.runs], _build, skip_damaged=skip_damaged)
+    kept, built = vet(
+        [r.contents for r in runs.runs],
+        lambda contents: _build(contents, options, style),
+        skip_damaged=skip_damaged,
+    )
     return runset.of(kept), built
 
 
-def _build(contents: Sequence[RunContents]) -> _Built:
+def _build(
+    contents: Sequence[RunContents], options: decision.Options, style: PathStyle | None
+) -> _Built:
     runs = runset.of(contents)
     merged = runset.merge(runs)
-    page, figures = _render(runs, merged)
+    verdict = decision.decide(contents, options)
+    page, figures = _render(runs, merged, verdict, style)
     return page, figures, merged
 
 
-def _render(runs: runset.RunSet, merged: runset.Merged) -> tuple[str, list[plots.Plot]]:
+def _pick_view(pick: decision.Pick | None) -> dict[str, str] | None:
+    if pick is None:
+        return None
+    return {
+        "name": pick.name,
+        "engine": pick.engine,
+        "configuration": pick.configuration,
+        "figure": pick.figure,
+        "rate": f"{fmt_number(pick.rate)} {pick.unit}",
+        "ci": ci_text(pick.ci95).strip(),
+        "details": pick.details,
+        "energy": pick.energy,
+        "pareto": pick.pareto,
+    }
+
+
+OVERLAP = {
+    True: "their 95 % intervals overlap: the difference may be noise",
+    False: "their 95 % intervals do not overlap",
+    None: "no 95 % interval to tell them apart by",
+}
+
+
+def _question_view(q: decision.Question, figures: dict[str, plots.Plot]) -> dict[str, Any]:
+    return {
+        "id": q.id,
+        "title": q.title,
+        "machine": q.machine,
+        "slos": q.slos,
+        "alone": "meets the SLO" if q.slo_applied else "can be recommended",
+        "ranked_by": q.ranked_by,
+        "pick": _pick_view(q.pick),
+        "no_pick": q.no_pick,
+        "runner_up": _pick_view(q.runner_up),
+        "margin": q.margin,
+        "overlap": OVERLAP[q.overlap] if q.runner_up is not None else "",
+        "lost": q.lost,
+        "energy_note": q.energy_note,
+        "plot": figures.get(q.plot) if q.plot is not None else None,
+        "off_plot": q.off_plot,
+    }
+
+
+def _render(
+    runs: runset.RunSet,
+    merged: runset.Merged,
+    verdict: decision.Decision,
+    style: PathStyle | None,
+) -> tuple[str, list[plots.Plot]]:
+    # a question's title may name --model's path: a PNG's pixels cannot be rewritten later
+    fronts = paretoplot.pareto_plots(verdict, style.text if style is not None else str)
+    by_name = {p.name: p for p in fronts}
     figures = plotset.all_plots(runs)
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("harness", "templates"),
@@ -202,19 +283,31 @@ def _render(runs: runset.RunSet, merged: runset.Merged) -> tuple[str, list[plots
         tables=_tables(merged.matrix, {r.manifest.run_id: r.environment for r in runs.runs}),
         warnings=_warnings(merged.matrix),
         sections=_sections(figures),
+        decision={
+            "slo": verdict.slo,
+            "notes": verdict.notes,
+            "questions": [_question_view(q, by_name) for q in verdict.questions],
+        },
     )
-    return page, figures
+    return page, [*fronts, *figures]
 
 
-def write(runs: runset.RunSet, out_dir: Path, *, skip_damaged: bool = False) -> Written:
+def write(
+    runs: runset.RunSet,
+    out_dir: Path,
+    *,
+    skip_damaged: bool = False,
+    options: decision.Options = DECIDE_AS_MEASURED,
+) -> Written:
     """Write report.html, plots/*.svg|png and the merged matrix.md / matrix.csv, each path
-    in them as published from here (PathStyle.here()).
+    in them as published from here (PathStyle.here()). ``options``: the SLO and prices
+    the Decision is reckoned with (default: the SLO the runs were measured with).
 
     Raises RecordError (naming each damaged file) when the runs cannot be reported and
     ``skip_damaged`` is not given, report.WriteError when ``out_dir`` cannot be written.
     """
     style = PathStyle.here()
-    kept, (page, figures, merged) = _vetted(runs, skip_damaged)
+    kept, (page, figures, merged) = _vetted(runs, skip_damaged, options, style)
     plot_dir = out_dir / "plots"
     _make_dir(out_dir, plot_dir)
     files = _write_plots(plot_dir, figures, style)

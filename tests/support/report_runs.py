@@ -17,6 +17,7 @@ from harness.results.records import (
     Status,
     ValidityInfo,
 )
+from harness.results.reportspec import CdfPlot, Rate, ReportSpec
 
 MACHINE = {
     "cpu": {"model": "Test CPU 9000", "logical_cores": 8, "affinity": 8},
@@ -262,6 +263,118 @@ def write_run(
             settings={"engines": [engine], "profile": "quick"},
             environment=env,
             planned=tuple(planned),
+        ),
+    )
+    for r in records:
+        store.write_record(run, r)
+    return run
+
+
+# -- a grid of engine configurations, for the Decision ------------------------------------
+
+GRID_SPEC = ReportSpec(
+    throughput=Rate(
+        metric="throughput.requests_per_s",
+        unit="req/s",
+        counts="requests",
+        ci="throughput.requests_per_s_ci95",
+        completed="requests.ok",
+    ),
+    tokens="throughput.output_tokens_per_s",
+    scenario=("load", "level"),
+    plots=(CdfPlot(samples="ttft", what="TTFT"),),
+)
+"""What the streaming workload declares: goodput is recounted from its samples."""
+GRID_SLOS = {"ttft_p99": 0.2, "e2e_p99": 2.0}
+"""The SLO the grid run was measured with (``--slo ttft_p99=200ms,e2e_p99=2s``)."""
+GRID = (
+    # engine, config, requests in the 10 s window, TTFT s, E2E s, metrics.energy
+    ("vllm", "max_num_seqs=4", 100, 0.05, 0.5, None),
+    ("vllm", "max_num_seqs=16", 120, 0.08, 0.9, {"per_output_token_j": 0.25}),
+    ("sglang", "default", 110, 0.1, 0.7, {"absent": "no GPU power reading: NVML not found"}),
+    ("tgi", "default", 130, 0.3, 1.0, None),
+)
+"""Goodput under the SLO (req/s) and p99s (ms), and what the Decision makes of them:
+
+vllm max_num_seqs=16  12  TTFT 80   E2E 900   recommended; Pareto on TTFT and E2E
+sglang default        11  TTFT 100  E2E 700   runner-up (8.33 % lower); beaten on TTFT
+vllm max_num_seqs=4   10  TTFT 50   E2E 500   Pareto on TTFT and E2E
+tgi default            0  TTFT 300  E2E 1000  misses ttft p99 by 50 %; beaten on both
+"""
+
+
+def grid_record(  # noqa: PLR0917  (a test builder: one argument per column of GRID)
+    engine: str,
+    config: str,
+    run_id: str,
+    requests: int,
+    ttft: float,
+    e2e: float,
+    energy: dict[str, Any] | None,
+) -> CellRecord:
+    """A streaming cell of one engine configuration at 8 req/s open loop: every request
+    with the same TTFT and E2E, 20 output tokens each, in a 10 s window."""
+    window = 10.0
+    ttfts, e2es = [ttft] * requests, [e2e] * requests
+    tpots = [(e2e - ttft) / 19] * requests
+    metrics: dict[str, Any] = {
+        name: stats.to_json(stats.summarize(np.array(values)))
+        for name, values in (("ttft", ttfts), ("tpot", tpots), ("e2e", e2es))
+    }
+    metrics["throughput"] = {
+        "requests_per_s": requests / window,
+        "requests_per_s_ci95": list(stats.rate_ci(requests, window)),
+        "output_tokens_per_s": 20 * requests / window,
+    }
+    metrics["requests"] = {"total": requests, "ok": requests, "failed": 0}
+    if energy is not None:
+        metrics["energy"] = energy
+    params = {"load": "open", "level": 8.0, "config": config}
+    return _record(
+        engine,
+        f"streaming.{engine}.load=open.level=8.config={config}",
+        "streaming",
+        params,
+        run_id=run_id,
+        environment=MACHINE,
+        metrics=metrics,
+        samples={"ttft": ttfts, "tpot": tpots, "e2e": e2es},
+        window={"duration_s": window, "requests": requests},
+        headline=(Headline(label="ttft p99", metric="ttft.p99", unit="ms", scale=1e3),),
+        report_spec=GRID_SPEC,
+    )
+
+
+def write_grid_run(root: Path, slos: dict[str, float] | None = GRID_SLOS) -> Path:
+    """One run of ``GRID``'s engine configurations, its manifest holding ``slos`` as the
+    SLO it was measured with (None: none)."""
+    run = store.new_run_dir(root)
+    records = [grid_record(*row[:2], run.name, *row[2:]) for row in GRID]
+    planned = tuple(
+        PlannedCell(
+            cell_id=r.cell_id,
+            workload=r.workload,
+            engine=r.engine,
+            params=r.params,
+            nodeid=f"w::{r.cell_id}",
+            report_spec=GRID_SPEC,
+        )
+        for r in records
+    )
+    settings: dict[str, Any] = {"engines": ["vllm", "sglang", "tgi"], "profile": "quick"}
+    if slos is not None:
+        settings["slos"] = slos
+    store.write_manifest(
+        run,
+        Manifest(
+            run_id=run.name,
+            state="complete",
+            created_at="2026-01-01T00:00:00.000Z",
+            finished_at="2026-01-01T00:00:00.000Z",
+            command=("pytest", "workloads", "--engine-grid", "vllm.max_num_seqs=4,16"),
+            settings=settings,
+            environment=MACHINE,
+            planned=planned,
         ),
     )
     for r in records:

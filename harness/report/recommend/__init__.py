@@ -42,6 +42,12 @@ workload-specific comes from what each workload declared in its records
   recommended over its reference.
 * What competes is the engine, and the values of the parameters the workload declares
   as contenders (a preprocessing library: ``engine/backend``).
+* Equal goodputs (or costs) are common: an open loop offers every configuration the
+  same requests. The lower p99 TTFT, then E2E, wins the tie.
+* Each question has Pareto fronts (harness.report.pareto) of goodput (throughput
+  without an SLO) against p99 TTFT and against p99 E2E latency: a configuration no other
+  beats on both is marked ``[Pareto: TTFT, E2E]``. One without a goodput figure, or
+  blocked (saturated), or without that p99, is on no front, and the output says why.
 
 Exit status: ``EXIT_OK`` (0) when every measured workload got a recommendation,
 ``EXIT_NO_RECOMMENDATION`` (3) when some question with cells that ran (not only skipped
@@ -52,8 +58,9 @@ record in one (unless ``--skip-damaged`` leaves those out and lists them), a bad
 
 Modules by job: ``model`` (what a recommendation says, as data), ``evidence`` (the
 records read and each cell judged against the SLO), ``ranking`` (the questions, the
-figure each is ranked by, the verdicts) and ``render`` (text and JSON). The command line
-is in harness.cli.
+figure each is ranked by, the verdicts, the Pareto fronts) and ``render`` (text and
+JSON). The command line is in harness.cli; the HTML report's Decision
+(harness.report.decision) lays the same answer out.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from harness.exceptions import RecordError
 from harness.load.capacity import KneeRule, LoadPoint
 from harness.metrics.stats import min_samples_for, percentile_key, rate_ci
 from harness.metrics.streamtiming import SLO
+from harness.report import pareto
 from harness.report.matrix import fmt_number
 from harness.report.recommend.model import (
     Candidate,
@@ -158,6 +159,20 @@ def _point_value(point: LoadPoint, slo: SLO) -> tuple[float | None, str | None]:
     return None, f"not recorded for this load point ({key})"
 
 
+def _latency(summary: object) -> float | None:
+    """The p99 of a latency summary; None where it has none to show (too few requests,
+    a figure that is not a finite number)."""
+    value = _num(summary.get("p99")) if isinstance(summary, dict) else None
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+def _latencies(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """``ttft_p99_s`` and ``e2e_p99_s`` of the completed requests, for the Pareto fronts:
+    the p99 the record reports, not the error-adjusted one (failed requests already
+    count against the goodput the fronts plot them at)."""
+    return {f"{m}_p99_s": _latency(metrics.get(m)) for m in pareto.METRICS}
+
+
 def _check(slo: SLO, found: tuple[float | None, str | None]) -> Check:
     value, absent = found
     return Check(slo.key, slo.metric, slo.percentile, slo.threshold_s, value, absent)
@@ -282,6 +297,7 @@ def _simple(cell: RunCell, record: CellRecord, slos: Sequence[SLO]) -> Candidate
         goodput_ci95=ci if goodput is not None else None,
         blocker=_saturation(record) or _answers_changed(record, spec),
         **_energy(record),
+        **_latencies(record.metrics),
     )
 
 
@@ -374,7 +390,18 @@ def _from_sweep(
         output_tokens_per_s=_settled_tokens(sweep, point),
         goodput_ci95=_interval(point.get("throughput_ci95")) if passing else None,
         energy_absent=SEARCH_ENERGY,
+        **_point_latencies(sweep, point),
     )
+
+
+def _point_latencies(sweep: _Sweep, point: LoadPoint) -> dict[str, Any]:
+    """The point's own p99s (it keeps a compact summary of each latency); the settled
+    point's complete metrics where the compact one lacks a figure."""
+    own = _latencies(cast(Mapping[str, Any], point))
+    if sweep.full is None or point.get("load") != sweep.settled:
+        return own
+    full = _latencies(sweep.full)
+    return {k: v if v is not None else full[k] for k, v in own.items()}
 
 
 def _settled_tokens(sweep: _Sweep, point: LoadPoint) -> float | None:

@@ -10,6 +10,7 @@ from typing import Literal
 
 from harness.exceptions import HarnessError
 from harness.metrics.stats import percentile_key
+from harness.report import pareto
 from harness.report.matrix import fmt_number
 from harness.results.reading import Damaged
 from harness.results.records import ParamValue, Status, format_param
@@ -156,6 +157,17 @@ class Candidate:
     ``metrics.energy``); None: ``energy_absent`` says why there is none (both None when
     energy is not priced)."""
     energy_absent: str | None = field(default=None, metadata=IF_SET)
+    ttft_p99_s: float | None = None
+    """p99 TTFT of its completed requests (a load search: of the chosen point); None
+    where the record has none (a tensor cell, too few requests for a p99)."""
+    e2e_p99_s: float | None = None
+    """p99 end-to-end latency of its completed requests, as ``ttft_p99_s``."""
+    pareto: tuple[str, ...] = ()
+    """The fronts of its question (``ttft``, ``e2e``: goodput, or throughput without an
+    SLO, against that p99) on which it is Pareto-optimal (harness.report.pareto)."""
+    pareto_absent: str | None = None
+    """Why it is not a point of every front of its question (no goodput figure, a
+    blocker, no p99 of that latency); None when it is a point of each."""
     scenario_keys: tuple[str, ...] = field(default=(), metadata={"json": False})
     """The parameters that pose the question (the workload's declared scenario): not
     part of the configuration. Not written to JSON: the question's scenario is."""
@@ -173,6 +185,29 @@ class Candidate:
             self.mean_power_w >= 0 and math.isfinite(self.mean_power_w)
         ):
             raise ValueError("a mean power is a finite number of watts >= 0")
+        self._check_pareto()
+
+    def _check_pareto(self) -> None:
+        for metric in pareto.METRICS:
+            value = self.latency(metric)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"a {metric} p99 is a finite number of seconds >= 0")
+        if len(set(self.pareto)) != len(self.pareto) or not set(self.pareto) <= set(pareto.METRICS):
+            raise ValueError(f"Pareto fronts are some of {', '.join(pareto.METRICS)}, once each")
+        if self.pareto and (self.pareto_rate is None or self.blocker is not None):
+            raise ValueError("a Pareto-optimal configuration has a rate and no blocker")
+        if any(self.latency(m) is None for m in self.pareto):
+            raise ValueError("a Pareto-optimal configuration has that front's latency")
+
+    def latency(self, metric: str) -> float | None:
+        """Its p99 of ``metric`` (``ttft`` or ``e2e``), None where it has none."""
+        return {"ttft": self.ttft_p99_s, "e2e": self.e2e_p99_s}[metric]
+
+    @property
+    def pareto_rate(self) -> float | None:
+        """The rate its Pareto points stand at: the goodput it is ranked by (without an
+        SLO, its throughput); None when that is unknown."""
+        return self.goodput
 
     @property
     def meets(self) -> bool:
@@ -238,6 +273,9 @@ class WorkloadAdvice:
     energy_note: str | None = field(default=None, metadata=IF_SET)
     """With ``--energy-price``: why GPU energy is not in this question's costs (None: it
     is, or no configuration was priced)."""
+    fronts: tuple[str, ...] = ()
+    """The Pareto fronts drawn for this question: the latencies (``ttft``, ``e2e``) some
+    configuration that could be recommended has a p99 of."""
 
     def __post_init__(self) -> None:
         if self.recommended is not None and (
@@ -246,6 +284,8 @@ class WorkloadAdvice:
             raise ValueError("the recommendation is the best candidate meeting the SLO")
         if self.runner_up is not None and (self.recommended is None or not self.runner_up.meets):
             raise ValueError("a runner-up meets the SLO and comes after a recommendation")
+        if any(not set(c.pareto) <= set(self.fronts) for c in self.candidates):
+            raise ValueError("a candidate is Pareto-optimal only on its question's fronts")
 
     @property
     def title(self) -> str:

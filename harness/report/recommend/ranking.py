@@ -17,6 +17,7 @@ from typing import Any
 from harness.exceptions import RecordError
 from harness.metrics.energy import J_PER_KWH
 from harness.metrics.streamtiming import SLO
+from harness.report import pareto
 from harness.report.matrix import fmt_number
 from harness.report.recommend.evidence import (
     RunCell,
@@ -36,6 +37,7 @@ from harness.report.recommend.model import (
     RecommendError,
     RunInfo,
     WorkloadAdvice,
+    duration,
     figure_name,
     lower,
     pct,
@@ -47,6 +49,9 @@ from harness.results.reading import Damaged, RunContents
 from harness.results.records import Status
 
 # --------------------------------------------------------------------------- ranking
+
+TIE = 1e-9
+"""Relative difference below which two goodputs or costs are the same figure."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,11 @@ def _priced(c: Candidate, figure: _Figure, prices: Prices) -> Candidate:
 
 
 def _rank_key(c: Candidate, figure: _Figure) -> tuple[Any, ...]:
-    tie = (c.engine, c.configuration(), c.run_id, c.cell_id)
+    # equal figures are common (an open loop offers every configuration the same requests,
+    # and each that keeps up completes them all): the lower p99 latency then leads, so the
+    # recommendation is not one another configuration beats on both (a Pareto point)
+    quicker = tuple(math.inf if (v := c.latency(m)) is None else v for m in pareto.METRICS)
+    tie = (*quicker, c.engine, c.configuration(), c.run_id, c.cell_id)
     if c.meets and figure.energy:
         # energy is not proportional to time: the cheapest, not the fastest, leads
         return (0, c.cost.amount if c.cost is not None else math.inf, *tie)
@@ -154,18 +163,35 @@ def _rank_key(c: Candidate, figure: _Figure) -> tuple[Any, ...]:
     return (1, closeness(c.checks) if c.blocker is None else math.inf, -c.throughput, *tie)
 
 
-def _beaten(c: Candidate, best: Candidate) -> str:
+def beaten(c: Candidate, best: Candidate) -> str:
+    """Why ``c``, which meets the SLO, lost to the winner ``best``: how much more it
+    costs, or how much lower its goodput is, or on a tie, its higher latency."""
     if c.cost is not None and best.cost is not None:
+        if math.isclose(c.cost.amount, best.cost.amount, rel_tol=TIE):
+            return f"{_lead(c)} costs what the winner does; {slower(c, best)}"
         more = pct(c.cost.amount / best.cost.amount - 1) if best.cost.amount > 0 else "inf"
         return (
             f"{_lead(c)} costs {fmt_number(c.cost.amount)} per {c.cost.per},"
             f" {more} % more than the winner"
         )
     value, top = c.goodput or 0.0, best.goodput or 0.0
+    if math.isclose(value, top, rel_tol=TIE):
+        return f"{_lead(c)} {figure_name(c)} {fmt_number(value)} {c.unit} ties; {slower(c, best)}"
     return (
         f"{_lead(c)} {figure_name(c)} {fmt_number(value)} {c.unit} is {lower(value, top)} %"
         " lower than the winner's"
     )
+
+
+def slower(c: Candidate, best: Candidate) -> str:
+    """What decided a tie between ``c`` and the winner ``best``: the first p99 latency
+    (TTFT, then E2E) that tells them apart, else their names."""
+    for metric in pareto.METRICS:
+        mine, theirs = c.latency(metric), best.latency(metric)
+        if mine is not None and theirs is not None and mine != theirs:
+            name = f"{pareto.NAMES[metric]} p99"
+            return f"its {name} {duration(mine)} is higher than the winner's {duration(theirs)}"
+    return "the tie went to the winner by name and run"
 
 
 def _lead(c: Candidate) -> str:
@@ -191,7 +217,7 @@ def _engine_verdict(
     if winner is not None and best is winner:
         return EngineVerdict(engine, best, "recommended")
     if best.meets and winner is not None:
-        return EngineVerdict(engine, best, _beaten(best, winner))
+        return EngineVerdict(engine, best, beaten(best, winner))
     tried = "its only configuration" if len(own) == 1 else f"all {len(own)} configurations"
     what = "the SLO" if any(c.checks for c in own) else "what a recommendation needs"
     return EngineVerdict(engine, best, f"misses {what} in {tried}; closest: {why_missed(best)}")
@@ -210,6 +236,7 @@ def _advise(
     left = tuple(j for j in judged if isinstance(j, NotConsidered))
     figure = _figure(found, prices, bool(applied))
     ranked = sorted((_priced(c, figure, prices) for c in found), key=lambda c: _rank_key(c, figure))
+    ranked, fronts = _mark_fronts(ranked)
     meeting = [c for c in ranked if c.meets]
     winner = meeting[0] if meeting else None
     engines = list(dict.fromkeys([*(c.engine for c in ranked), *(n.engine for n in left)]))
@@ -218,8 +245,8 @@ def _advise(
         workload=workload,
         hardware=label,
         scenario=scenario,
-        slos_applied=tuple(_slo_text(s) for s in applied),
-        slos_not_applicable=tuple(_slo_text(s) for s in slos if s not in applied),
+        slos_applied=tuple(slo_text(s) for s in applied),
+        slos_not_applicable=tuple(slo_text(s) for s in slos if s not in applied),
         ranked_by=figure.label,
         recommended=winner,
         runner_up=meeting[1] if len(meeting) > 1 else None,
@@ -227,7 +254,58 @@ def _advise(
         candidates=tuple(ranked),
         not_considered=left,
         energy_note=figure.energy_note,
+        fronts=fronts,
     )
+
+
+def _off_plane(c: Candidate) -> str | None:
+    """Why ``c`` is a point of no front: a blocked configuration is no operating point
+    whatever its figures, and a rate that is unknown cannot be placed."""
+    if c.blocker is not None:
+        return f"not an operating point: {c.blocker}"
+    if c.pareto_rate is None:
+        return (
+            "no goodput figure (it misses the SLO; its record cannot recount the requests"
+            " that met it)"
+        )
+    return None
+
+
+def _point(c: Candidate, metric: str) -> pareto.Point | None:
+    rate, latency = c.pareto_rate, c.latency(metric)
+    if _off_plane(c) is not None or rate is None or latency is None:
+        return None
+    return pareto.Point(rate, latency)
+
+
+def _pareto_absent(c: Candidate, fronts: Sequence[str]) -> str | None:
+    off = _off_plane(c)
+    if off is not None:
+        return off
+    if not fronts:
+        return "no p99 latency figure"
+    missing = [f"no {pareto.NAMES[m]} p99" for m in fronts if c.latency(m) is None]
+    return "; ".join(missing) or None
+
+
+def _mark_fronts(ranked: Sequence[Candidate]) -> tuple[list[Candidate], tuple[str, ...]]:
+    """The candidates with the fronts each is Pareto-optimal on (and why it is not a
+    point of some), and the fronts: the latencies some placeable configuration has a
+    p99 of (both for generative cells, E2E for tensor ones, none for cells that serve
+    no requests)."""
+    fronts = tuple(m for m in pareto.METRICS if any(_point(c, m) is not None for c in ranked))
+    on: list[list[str]] = [[] for _ in ranked]
+    for metric in fronts:
+        placed = [(i, p) for i, c in enumerate(ranked) if (p := _point(c, metric)) is not None]
+        flags = pareto.optimal([p for _, p in placed])
+        for (i, _), best in zip(placed, flags, strict=True):
+            if best:
+                on[i].append(metric)
+    marked = [
+        dataclasses.replace(c, pareto=tuple(on[i]), pareto_absent=_pareto_absent(c, fronts))
+        for i, c in enumerate(ranked)
+    ]
+    return marked, fronts
 
 
 def _scenario(cell: RunCell) -> Params:
@@ -239,7 +317,7 @@ def _scenario(cell: RunCell) -> Params:
     return found
 
 
-def _slo_text(slo: SLO) -> str:
+def slo_text(slo: SLO) -> str:
     return f"{slo.key}<={fmt_number(slo.threshold_s * 1e3)}ms"
 
 
@@ -274,7 +352,7 @@ def recommend_cells(
     keys = sorted(questions, key=lambda k: order.index(k[0]))
     advice = [_advise(k, questions[k], slos, prices) for k in keys]
     return Recommendation(
-        slos=tuple(_slo_text(s) for s in slos),
+        slos=tuple(slo_text(s) for s in slos),
         gpu_hour_cost=prices.gpu_hour,
         runs=tuple(runs),
         hardware=tuple(label for label, _ in groups.values()),

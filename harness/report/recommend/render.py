@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.report import pareto
 from harness.report.matrix import fmt_number
 from harness.report.recommend.model import (
     EXIT_OK,
@@ -23,18 +24,16 @@ from harness.report.recommend.model import (
     param_text,
     pct,
 )
-from harness.report.recommend.ranking import (
-    why_missed,
-)
+from harness.report.recommend.ranking import TIE, beaten, slower, why_missed
 from harness.results import reading
 
 # --------------------------------------------------------------------------- output
 
 
-def _describe(c: Candidate) -> str:
+def describe(c: Candidate) -> str:
     """The candidate's figures: goodput (or throughput), tokens/s, cost, SLOs met."""
     rate = c.goodput if c.goodput is not None else c.throughput
-    parts = [f"{figure_name(c)} {fmt_number(rate)} {c.unit}{_ci_text(c.goodput_ci95)}"]
+    parts = [f"{figure_name(c)} {fmt_number(rate)} {c.unit}{ci_text(c.goodput_ci95)}"]
     if c.output_tokens_per_s is not None:
         parts.append(f"{fmt_number(c.output_tokens_per_s)} output tokens/s")
     if c.cost is not None:
@@ -47,14 +46,14 @@ def _describe(c: Candidate) -> str:
     return ", ".join(parts)
 
 
-def _ci_text(ci: tuple[float | None, float | None] | None) -> str:
+def ci_text(ci: tuple[float | None, float | None] | None) -> str:
     if ci is None:
         return ""
     lo, hi = ("?" if v is None else fmt_number(v) for v in ci)
     return f" [95% {lo}, {hi}]"
 
 
-def _named(c: Candidate, several_runs: bool) -> str:
+def named(c: Candidate, several_runs: bool) -> str:
     """Engine, configuration and (when several runs are read) which run."""
     run = f" [run {c.run_id}]" if several_runs else ""
     return f"{c.engine} {c.configuration()}{run}"
@@ -103,7 +102,7 @@ def _render_pick(w: WorkloadAdvice, several_runs: bool) -> list[str]:
     if r is None:
         why = "no valid cell meets the SLO" if w.candidates else "no valid cell to recommend from"
         return [f"NO RECOMMENDATION: {why}"]
-    lines = [f"RECOMMENDED: {_named(r, several_runs)}: {_describe(r)}"]
+    lines = [f"RECOMMENDED: {named(r, several_runs)}: {describe(r)}"]
     lines.append(f"  method: {METHODS[r.method]}")
     if r.warnings:
         lines.append(f"  (!) warnings: {'; '.join(r.warnings)}")
@@ -111,27 +110,69 @@ def _render_pick(w: WorkloadAdvice, several_runs: bool) -> list[str]:
     if u is None:
         other = "meets the SLO" if w.slos_applied else "is valid"
         return [*lines, f"runner-up: none (no other configuration {other})"]
-    return [*lines, f"runner-up: {_named(u, several_runs)}: {_describe(u)} ({_gap(u, r)})"]
+    return [*lines, f"runner-up: {named(u, several_runs)}: {describe(u)} ({gap(u, r)})"]
 
 
-def _gap(u: Candidate, r: Candidate) -> str:
+def gap(u: Candidate, r: Candidate) -> str:
     """How far behind the runner-up is, and whether the two are told apart at all."""
+    said = margin(u, r)
+    if overlap(u, r):
+        said += "; their 95% intervals overlap: the difference may be noise"
+    return said
+
+
+def margin(u: Candidate, r: Candidate) -> str:
+    """How far ``u`` is behind ``r``: how much more it costs, or how much lower its
+    goodput (throughput) is; on a tie, what decided it."""
     if u.cost is not None and r.cost is not None and r.cost.amount > 0:
-        gap = f"costs {pct(u.cost.amount / r.cost.amount - 1)} % more"
-    else:
-        gap = f"{lower(u.goodput or 0.0, r.goodput or 0.0)} % lower {figure_name(u)}"
+        if math.isclose(u.cost.amount, r.cost.amount, rel_tol=TIE):
+            return f"the same cost; {slower(u, r)}"
+        return f"costs {pct(u.cost.amount / r.cost.amount - 1)} % more"
+    if math.isclose(u.goodput or 0.0, r.goodput or 0.0, rel_tol=TIE):
+        return f"the same {figure_name(u)}; {slower(u, r)}"
+    return f"{lower(u.goodput or 0.0, r.goodput or 0.0)} % lower {figure_name(u)}"
+
+
+def overlap(u: Candidate, r: Candidate) -> bool | None:
+    """Whether the 95 % interval of the runner-up ``u`` reaches that of the winner
+    ``r`` (the difference may be noise); None where either has no such bound."""
     low, high = (r.goodput_ci95 or (None, None))[0], (u.goodput_ci95 or (None, None))[1]
-    if low is not None and high is not None and high >= low:
-        gap += "; their 95% intervals overlap: the difference may be noise"
-    return gap
+    if low is None or high is None:
+        return None
+    return high >= low
 
 
 def _render_engines(w: WorkloadAdvice, several_runs: bool) -> list[str]:
     lines = ["by engine (best configuration of each):"]
     for v in w.engines:
-        named = _named(v.best, several_runs) if v.best else v.engine
-        lines.append(f"  {named}: {v.verdict}")
+        who = named(v.best, several_runs) if v.best else v.engine
+        lines.append(f"  {who}: {v.verdict}")
     return lines
+
+
+def verdict(c: Candidate, winner: Candidate | None) -> str:
+    """Why ``c`` is or is not the recommendation: the winner is recommended, one that
+    meets the SLO lost on goodput or cost, any other misses what a recommendation needs."""
+    if c is winner:
+        return "recommended"
+    if c.meets and winner is not None:
+        return f"lost: {beaten(c, winner)}"
+    return f"not recommended: {why_missed(c)}"
+
+
+def pareto_mark(c: Candidate, fronts: Sequence[str]) -> str:
+    """``[Pareto: TTFT, E2E]``: the fronts it is optimal on; and why it is no point of a
+    front where it is not (no p99 of that latency, no goodput figure, a blocker). Empty
+    for a question without fronts (said once, below its list)."""
+    if not fronts:
+        return ""
+    placed = c.blocker is None and c.pareto_rate is not None
+    if not placed or all(c.latency(m) is None for m in fronts):
+        return f" [no Pareto point: {c.pareto_absent}]"
+    absent = f"; {c.pareto_absent}" if c.pareto_absent else ""
+    if c.pareto:
+        return f" [Pareto: {', '.join(pareto.NAMES[m] for m in c.pareto)}{absent}]"
+    return f" [not Pareto-optimal{absent}]" if absent else ""
 
 
 def _render_all(w: WorkloadAdvice, several_runs: bool) -> list[str]:
@@ -139,9 +180,22 @@ def _render_all(w: WorkloadAdvice, several_runs: bool) -> list[str]:
         return []
     lines = ["all configurations (best first):"]
     for i, c in enumerate(w.candidates, start=1):
-        verdict = _describe(c) if c.meets else f"not recommended: {why_missed(c)}"
-        lines.append(f"  {i}. {_named(c, several_runs)}: {verdict}")
-    return lines
+        said = verdict(c, w.recommended)
+        if c.meets:
+            said = describe(c) + ("" if c is w.recommended else f"; {said}")
+        lines.append(f"  {i}. {named(c, several_runs)}: {said}{pareto_mark(c, w.fronts)}")
+    return [*lines, _fronts_line(w)]
+
+
+def _fronts_line(w: WorkloadAdvice) -> str:
+    if not w.fronts:
+        return "Pareto fronts: none (no configuration has both a rate and a p99 latency figure)"
+    rate = "goodput" if w.slos_applied else "throughput"
+    planes = " and ".join(f"{rate} vs {pareto.NAMES[m]} p99" for m in w.fronts)
+    return (
+        f"Pareto fronts: {planes}; [Pareto: ...] marks a configuration no other beats on"
+        " both (at least its rate and at most its p99, one of them strictly)"
+    )
 
 
 def render(rec: Recommendation) -> str:
