@@ -270,3 +270,29 @@ def test_a_failed_servers_reason_starts_with_its_last_exception():
         " Value error, max_num_batched_tokens (8) must be >= max_num_seqs (16)."
     )
     assert last_error("INFO all fine\n") == "no exception line in its log"
+
+
+def test_a_secret_in_a_grid_value_is_masked_from_then_on(tmp_path: Path):
+    from harness.results.redact import redact_text  # noqa: PLC0415
+
+    url = "http://user:grid-hunter2-secret@127.0.0.1:9"
+    with pytest.raises(UsageError, match="a value with '/' cannot label a configuration"):
+        parse_grid([f"openai.base_url={url}"], None, ("openai",), {}, validate)
+    f = tmp_path / "grid.toml"
+    f.write_text(f'[openai.mine]\nbase_url = "{url}"\n')
+    parse_grid([], str(f), ("openai",), {}, validate)
+    assert "grid-hunter2-secret" not in redact_text(f"cannot reach {url}")
+
+
+@pytest.mark.slow
+def test_the_server_of_openai_cells_cannot_vary_in_a_grid(tmp_path: Path):
+    from tests.support.runner import pytest_workloads  # noqa: PLC0415
+
+    f = tmp_path / "grid.toml"
+    f.write_text(
+        '[openai.a]\nbase_url = "http://127.0.0.1:9"\n[openai.b]\nbase_url = "http://127.0.0.1:10"\n'
+    )
+    proc = pytest_workloads(tmp_path, "--engine=openai", f"--engine-grid-file={f}")
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert "openai.base_url cannot vary in a grid" in proc.stderr
+    assert "Traceback" not in proc.stderr

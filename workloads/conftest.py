@@ -34,6 +34,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if settings.images is not None:
         _check_images(settings)
     _check_traffic(settings)
+    _check_grid(settings)
+
+
+def _check_grid(settings: RunSettings) -> None:
+    """Which server an openai cell talks to is not a configuration of a grid: the
+    workloads decide from ``--engine-opt`` whether the harness starts the server."""
+    if any("base_url" in p.options for p in settings.engine_grid.points.get("openai", ())):
+        raise pytest.UsageError(
+            "--engine-grid: openai.base_url cannot vary in a grid; benchmark each server you"
+            " run with its own --engine-opt openai.base_url=URL, and merge the runs in one"
+            " report (python -m harness report RUN RUN --html)"
+        )
 
 
 def _check_traffic(settings: RunSettings) -> None:

@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 from harness.exceptions import UsageError
+from harness.results import redact
 
 CONFIG_PARAM = "config"
 """The cell parameter that names a cell's engine configuration (in a grid run only)."""
@@ -123,6 +124,11 @@ def _from_values(values: Iterable[str], engines: Sequence[str]) -> dict[str, lis
         vals = [v.strip() for v in listed.split(",")]
         if any(not v for v in vals):
             raise UsageError(f"--engine-grid {item!r}: a value is empty")
+        if any("/" in v for v in vals):
+            raise UsageError(
+                f"--engine-grid {item!r}: a value with '/' cannot label a configuration;"
+                " name it in --engine-grid-file"
+            )
         if len(set(vals)) != len(vals):
             raise UsageError(f"--engine-grid {item!r}: a value is given twice")
         if option.strip() in keys.setdefault(engine, {}):
@@ -196,6 +202,8 @@ def _option_text(value: object, where: str) -> str:
 def _check_point(
     engine: str, point: GridPoint, user: Mapping[str, str], validate: Validate
 ) -> None:
+    # before any message can echo them: a grid of URLs may carry passwords
+    redact.remember_options({engine: point.options})
     both = sorted(set(point.options) & set(user))
     if both:
         raise UsageError(
