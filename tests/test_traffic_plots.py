@@ -16,9 +16,9 @@ from matplotlib import pyplot as plt
 
 from harness.report import htmlpage, plots, runset, trafficplot
 from harness.results import store
-from harness.results.records import CellRecord, Manifest, PlannedCell
+from harness.results.records import CellRecord, Manifest
 from harness.results.reportspec import CdfPlot, ReportSpec, TrafficPlot
-from tests.support.report_runs import MACHINE, streaming
+from tests.support.report_runs import MACHINE, planned_of, streaming
 from workloads.reporting import TRAFFIC, TTFT_CDF
 
 SPEC = ReportSpec(plots=(TTFT_CDF, TRAFFIC))
@@ -61,16 +61,7 @@ def _write_run(root: Path, records_of: list[tuple[dict[str, Any], ReportSpec | N
             command=("pytest",),
             settings={"engines": ["onnxruntime"], "profile": "quick"},
             environment=MACHINE,
-            planned=tuple(
-                PlannedCell(
-                    cell_id=r.cell_id,
-                    workload=r.workload,
-                    engine=r.engine,
-                    params=r.params,
-                    nodeid=f"w::{r.cell_id}",
-                )
-                for r in records
-            ),
+            planned=tuple(planned_of(r) for r in records),
         ),
     )
     for rec in records:

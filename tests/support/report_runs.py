@@ -236,16 +236,7 @@ def write_run(
         preprocessing(engine, rid, env, "pil"),
         preprocessing(engine, rid, env, "opencv"),
     ]
-    planned = [
-        PlannedCell(
-            cell_id=r.cell_id,
-            workload=r.workload,
-            engine=engine,
-            params=r.params,
-            nodeid=f"w::{r.cell_id}",
-        )
-        for r in records
-    ] + [
+    planned = [planned_of(r) for r in records] + [
         PlannedCell(
             cell_id=c, workload="batching", engine=engine, params={"rate": 1.0}, nodeid=f"w::{c}"
         )
@@ -268,6 +259,18 @@ def write_run(
     for r in records:
         store.write_record(run, r)
     return run
+
+
+def planned_of(record: CellRecord, spec: ReportSpec | None = None) -> PlannedCell:
+    """The planned cell a manifest lists for ``record`` (``spec``: its declaration)."""
+    return PlannedCell(
+        cell_id=record.cell_id,
+        workload=record.workload,
+        engine=record.engine,
+        params=record.params,
+        nodeid=f"w::{record.cell_id}",
+        report_spec=spec,
+    )
 
 
 # -- a grid of engine configurations, for the Decision ------------------------------------
@@ -350,17 +353,7 @@ def write_grid_run(root: Path, slos: dict[str, float] | None = GRID_SLOS) -> Pat
     SLO it was measured with (None: none)."""
     run = store.new_run_dir(root)
     records = [grid_record(*row[:2], run.name, *row[2:]) for row in GRID]
-    planned = tuple(
-        PlannedCell(
-            cell_id=r.cell_id,
-            workload=r.workload,
-            engine=r.engine,
-            params=r.params,
-            nodeid=f"w::{r.cell_id}",
-            report_spec=GRID_SPEC,
-        )
-        for r in records
-    )
+    planned = tuple(planned_of(r, GRID_SPEC) for r in records)
     settings: dict[str, Any] = {"engines": ["vllm", "sglang", "tgi"], "profile": "quick"}
     if slos is not None:
         settings["slos"] = slos
