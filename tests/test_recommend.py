@@ -11,6 +11,7 @@ from harness.metrics import stats
 from harness.metrics.streamtiming import parse_slos
 from harness.report import recommend as rec
 from harness.report.publicpaths import PathStyle
+from harness.report.recommend import ranking
 from harness.results import store
 from harness.results.records import (
     CellRecord,
@@ -789,3 +790,98 @@ def test_a_tie_on_goodput_goes_to_the_lower_latency(tmp_path):
         "lost: meets the SLO but goodput 1000 req/s ties; its E2E p99 20 ms is higher than the"
         " winner's 10 ms"
     ) in unpriced
+
+
+def tie_run(tmp_path):
+    """Three configurations offered the same 1000 requests, under e2e_p99=50ms:
+
+    a: all 1000 at 40 ms over a 1.0 s window      -> goodput 1000 req/s, the highest
+    b: all 1000 at 10 ms over a 1.0004 s window   -> 999.6: less than one request (1/1.0004
+       req/s) behind a, the windows' lengths only: a tie that b's lower p99 wins
+    c: 997 of them at 5 ms over a 1.0 s window    -> 997: three requests behind a, a real
+       difference however much its interval overlaps a's, so c stays behind on goodput
+    """
+    w, rate = "batching", {"rate": 1000.0}
+    recs = [
+        build(w, "a", rate, run_id="n", **served([0.04] * 1000)),
+        build(w, "b", rate, run_id="n", **served([0.01] * 1000, window=1.0004)),
+        build(w, "c", rate, run_id="n", **served([0.005] * 997)),
+    ]
+    return write_run(tmp_path, "n", recs)
+
+
+def test_goodputs_within_one_request_tie_and_the_lower_p99_wins(tmp_path):
+    result = rec.recommend([tie_run(tmp_path)], parse_slos("e2e_p99=50ms"))
+    w = one(result, "batching")
+    assert [c.engine for c in w.candidates] == ["b", "a", "c"]
+    assert [c.goodput_tie for c in w.candidates] == [True, True, False]
+    assert [c.goodput_step for c in w.candidates] == pytest.approx([1 / 1.0004, 1.0, 1.0])
+    assert ranking.overlap(w.candidates[2], w.candidates[0])  # c's interval reaches b's
+    verdicts = {v.engine: v.verdict for v in w.engines}
+    assert verdicts["a"] == (
+        "meets the SLO but goodput 1000 req/s is 0.04 % higher than the winner's, a tie within"
+        " one request over the window; its E2E p99 40 ms is higher than the winner's 10 ms"
+    )
+    assert verdicts["c"] == (
+        "meets the SLO but goodput 997 req/s is 0.26 % lower than the winner's"
+    )
+    text = rec.render(result)
+    assert (
+        "(0.04 % higher goodput, a tie within one request over the window; its E2E p99 40 ms"
+        " is higher than the winner's 10 ms; their 95% intervals overlap" in text
+    )
+    data = json.loads(rec.to_json(result))["workloads"][0]
+    assert data["recommended"]["goodput_tie"] is True
+    assert data["recommended"]["goodput_step"] == pytest.approx(1 / 1.0004)
+
+
+def test_a_goodput_ahead_of_the_winner_but_behind_the_highest_says_so(tmp_path):
+    # a: 1002 requests in 1 s at 40 ms, the highest goodput; d: 500 in 0.49975 s (1000.5
+    # req/s; one request there is 2 req/s) at 30 ms: within one request of a, and quicker,
+    # so it wins; b: 1001 in 1 s at 35 ms, one full request behind a: no tie, though its
+    # goodput is above the winner's
+    w, rate = "batching", {"rate": 1000.0}
+    recs = [
+        build(w, "a", rate, run_id="m", **served([0.04] * 1002)),
+        build(w, "b", rate, run_id="m", **served([0.035] * 1001)),
+        build(w, "d", rate, run_id="m", **served([0.03] * 500, window=0.49975)),
+    ]
+    result = rec.recommend([write_run(tmp_path, "m", recs)], parse_slos("e2e_p99=50ms"))
+    w = one(result, "batching")
+    assert [c.engine for c in w.candidates] == ["d", "a", "b"]
+    assert [c.goodput_tie for c in w.candidates] == [True, True, False]
+    verdicts = {v.engine: v.verdict for v in w.engines}
+    assert verdicts["b"] == (
+        "meets the SLO but goodput 1001 req/s is 0.05 % higher than the winner's, but more"
+        " than one request behind the highest goodput, which the winner's ties (within one"
+        " request) with a lower p99 latency"
+    )
+    assert verdicts["a"].endswith(
+        "a tie within one request over the window; its E2E p99 40 ms is higher than the"
+        " winner's 30 ms"
+    )
+
+
+def powered(served_fields, watts):
+    """``served_fields`` with a GPU energy measurement over its window."""
+    window = served_fields["window"]["duration_s"]
+    served_fields["metrics"]["energy"] = {"mean_power_w": watts, "window_s": window}
+    return served_fields
+
+
+def test_energy_priced_costs_keep_their_order_whatever_the_latency(tmp_path):
+    # energy is not proportional to time and has no interval: the cheaper configuration
+    # leads even when its goodput is within one request of a quicker one's. a: 1000 req/s
+    # at 100 W, 40 ms; b: 999.6 req/s at 300 W, 10 ms: a costs a third of b's energy
+    w, rate = "batching", {"rate": 1000.0}
+    recs = [
+        build(w, "a", rate, run_id="e", **powered(served([0.04] * 1000), 100.0)),
+        build(w, "b", rate, run_id="e", **powered(served([0.01] * 1000, window=1.0004), 300.0)),
+    ]
+    run = write_run(tmp_path, "e", recs)
+    priced = one(rec.recommend([run], parse_slos("e2e_p99=50ms"), energy_price=0.2), "batching")
+    assert priced.energy_note is None
+    assert [c.engine for c in priced.candidates] == ["a", "b"]
+    assert [c.goodput_tie for c in priced.candidates] == [None, None]
+    unpriced = one(rec.recommend([run], parse_slos("e2e_p99=50ms")), "batching")
+    assert [c.engine for c in unpriced.candidates] == ["b", "a"]  # the tie rule

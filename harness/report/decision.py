@@ -34,7 +34,8 @@ from harness.report.recommend.model import (
     figure_name,
     param_text,
 )
-from harness.report.recommend.render import describe, margin, overlap, pareto_mark, verdict
+from harness.report.recommend.ranking import overlap
+from harness.report.recommend.render import describe, margin, pareto_mark, verdict
 from harness.results.reading import RunContents
 from harness.results.records import CellRecord
 

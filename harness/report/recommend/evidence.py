@@ -186,6 +186,21 @@ def has_metric(record: CellRecord, metric: str) -> bool:
     return isinstance(record.metrics.get(metric), dict)
 
 
+def _counted(record: CellRecord, rate: Rate) -> tuple[int, float] | None:
+    """The completed count and the window the cell's rate is that count over, or None
+    when the record does not say both, or its rate was measured over another window."""
+    if rate.completed is None:
+        return None
+    ok = _num(record.metric(rate.completed))
+    rps = _num(record.metric(rate.metric))
+    window = _num(record.window.get("duration_s"))
+    if ok is None or rps is None or window is None or window <= 0:
+        return None
+    if abs(ok / window - rps) > 1e-6 * max(rps, 1.0):
+        return None
+    return int(ok), window
+
+
 def _sample_goodput(
     record: CellRecord, slos: Sequence[SLO], rate: Rate
 ) -> tuple[int, float] | None:
@@ -196,15 +211,10 @@ def _sample_goodput(
     order; ``tpot`` skips single-token requests (then it is not aligned); ``itl`` is
     per token. Failed requests have no samples and never meet an SLO.
     """
-    if any(s.metric == "itl" for s in slos) or rate.completed is None:
+    counted = _counted(record, rate)
+    if any(s.metric == "itl" for s in slos) or counted is None:
         return None
-    ok = _num(record.metric(rate.completed))
-    rps = _num(record.metric(rate.metric))
-    window = _num(record.window.get("duration_s"))
-    if ok is None or rps is None or window is None or window <= 0:
-        return None
-    if abs(ok / window - rps) > 1e-6 * max(rps, 1.0):
-        return None  # the window is not the one the cell's rates were measured over
+    ok, window = counted
     columns = [record.samples.get(s.metric) for s in slos]
     if any(col is None or len(col) != ok for col in columns):
         return None
@@ -272,6 +282,7 @@ def _simple(cell: RunCell, record: CellRecord, slos: Sequence[SLO]) -> Candidate
     if rate is None or throughput is None:
         return _left_out(cell, "ok", ("the record has no throughput figure to rank by",))
     checks = tuple(_check(s, _summary_value(record.metrics, s)) for s in slos)
+    counted = _counted(record, rate)
     method: Method
     goodput: float | None
     ci = _interval(record.metric(rate.ci)) if rate.ci is not None else None
@@ -295,6 +306,7 @@ def _simple(cell: RunCell, record: CellRecord, slos: Sequence[SLO]) -> Candidate
         counts=rate.counts,
         output_tokens_per_s=_num(record.metric(spec.tokens)) if spec.tokens else None,
         goodput_ci95=ci if goodput is not None else None,
+        goodput_step=1 / counted[1] if counted is not None else None,
         blocker=_saturation(record) or _answers_changed(record, spec),
         **_energy(record),
         **_latencies(record.metrics),

@@ -168,6 +168,14 @@ class Candidate:
     pareto_absent: str | None = None
     """Why it is not a point of every front of its question (no goodput figure, a
     blocker, no p99 of that latency); None when it is a point of each."""
+    goodput_step: float | None = field(default=None, metadata=IF_SET)
+    """One request (item) over the window its rates were counted in: rates closer than
+    this differ by less than one request; None where the record does not say."""
+    goodput_tie: bool | None = field(default=None, metadata=IF_SET)
+    """For a configuration meeting the SLO, ranked by goodput or machine-time cost:
+    whether its goodput is within one request over the window of the highest goodput
+    (a tie: the lower p99 latency leads among them); None where that is not judged
+    (energy-priced, no window, misses the SLO)."""
     scenario_keys: tuple[str, ...] = field(default=(), metadata={"json": False})
     """The parameters that pose the question (the workload's declared scenario): not
     part of the configuration. Not written to JSON: the question's scenario is."""
@@ -185,6 +193,10 @@ class Candidate:
             self.mean_power_w >= 0 and math.isfinite(self.mean_power_w)
         ):
             raise ValueError("a mean power is a finite number of watts >= 0")
+        if self.goodput_step is not None and not (self.goodput_step > 0):
+            raise ValueError("a goodput step is one request over a window: > 0")
+        if self.goodput_tie is not None and not self.meets:
+            raise ValueError("only a configuration meeting the SLO ties on goodput")
         self._check_pareto()
 
     def _check_pareto(self) -> None:

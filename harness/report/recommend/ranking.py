@@ -148,12 +148,16 @@ def _priced(c: Candidate, figure: _Figure, prices: Prices) -> Candidate:
     )
 
 
+def _quicker(c: Candidate) -> tuple[float, ...]:
+    """Its p99 latencies, TTFT then E2E (a missing one: infinite), to order by."""
+    return tuple(math.inf if (v := c.latency(m)) is None else v for m in pareto.METRICS)
+
+
 def _rank_key(c: Candidate, figure: _Figure) -> tuple[Any, ...]:
     # equal figures are common (an open loop offers every configuration the same requests,
     # and each that keeps up completes them all): the lower p99 latency then leads, so the
     # recommendation is not one another configuration beats on both (a Pareto point)
-    quicker = tuple(math.inf if (v := c.latency(m)) is None else v for m in pareto.METRICS)
-    tie = (*quicker, c.engine, c.configuration(), c.run_id, c.cell_id)
+    tie = (*_quicker(c), c.engine, c.configuration(), c.run_id, c.cell_id)
     if c.meets and figure.energy:
         # energy is not proportional to time: the cheapest, not the fastest, leads
         return (0, c.cost.amount if c.cost is not None else math.inf, *tie)
@@ -163,24 +167,83 @@ def _rank_key(c: Candidate, figure: _Figure) -> tuple[Any, ...]:
     return (1, closeness(c.checks) if c.blocker is None else math.inf, -c.throughput, *tie)
 
 
+def overlap(u: Candidate, r: Candidate) -> bool | None:
+    """Whether the 95 % goodput intervals of ``u`` and ``r`` meet (the difference between
+    them may be noise); None where a bound that decides it is missing."""
+    below, above = sorted((u, r), key=lambda c: c.goodput or 0.0)
+    high, low = (below.goodput_ci95 or (None, None))[1], (above.goodput_ci95 or (None, None))[0]
+    if low is None or high is None:
+        return None
+    return high >= low
+
+
+def goodput_tie(c: Candidate, best: Candidate) -> bool | None:
+    """Whether ``c``'s goodput is within one request over the window of ``best``'s: the
+    two differ by less than the count can tell, only in the windows' lengths. None where
+    a window is not known."""
+    if c.goodput_step is None or best.goodput_step is None:
+        return None
+    step = max(c.goodput_step, best.goodput_step)
+    return abs((c.goodput or 0.0) - (best.goodput or 0.0)) < step * (1 - TIE)
+
+
+def _settle_goodput_ties(ranked: Sequence[Candidate], figure: _Figure) -> list[Candidate]:
+    """Among the configurations meeting the SLO whose goodput is within one request of
+    the highest, the lower p99 latency leads: a lead smaller than one request is the
+    windows' lengths, not the configurations. Each meeting one is marked ``goodput_tie``
+    or not. Energy-priced costs keep their order (energy is not proportional to time)."""
+    meeting = [c for c in ranked if c.meets]
+    if figure.energy or not meeting:
+        return list(ranked)
+    best = meeting[0]
+    judged = [dataclasses.replace(c, goodput_tie=goodput_tie(c, best)) for c in meeting]
+    if judged[0].goodput_tie is None:  # no window to count the best's goodput in
+        return list(ranked)
+    tied = sorted((c for c in judged if c.goodput_tie), key=_quicker)  # stable: keeps rank
+    rest = [c for c in judged if not c.goodput_tie]
+    return [*tied, *rest, *ranked[len(meeting) :]]
+
+
 def beaten(c: Candidate, best: Candidate) -> str:
     """Why ``c``, which meets the SLO, lost to the winner ``best``: how much more it
     costs, or how much lower its goodput is, or on a tie, its higher latency."""
     if c.cost is not None and best.cost is not None:
         if math.isclose(c.cost.amount, best.cost.amount, rel_tol=TIE):
             return f"{_lead(c)} costs what the winner does; {slower(c, best)}"
-        more = pct(c.cost.amount / best.cost.amount - 1) if best.cost.amount > 0 else "inf"
-        return (
-            f"{_lead(c)} costs {fmt_number(c.cost.amount)} per {c.cost.per},"
-            f" {more} % more than the winner"
-        )
+        said = f"{_lead(c)} costs {fmt_number(c.cost.amount)} per {c.cost.per}"
+        return f"{said}, {cost_difference(c, best)} the winner{decided_by(c, best)}"
     value, top = c.goodput or 0.0, best.goodput or 0.0
     if math.isclose(value, top, rel_tol=TIE):
         return f"{_lead(c)} {figure_name(c)} {fmt_number(value)} {c.unit} ties; {slower(c, best)}"
-    return (
-        f"{_lead(c)} {figure_name(c)} {fmt_number(value)} {c.unit} is {lower(value, top)} %"
-        " lower than the winner's"
-    )
+    said = f"{_lead(c)} {figure_name(c)} {fmt_number(value)} {c.unit}"
+    return f"{said} is {rate_difference(value, top)} the winner's{decided_by(c, best)}"
+
+
+def rate_difference(value: float, top: float) -> str:
+    if value > top:
+        return f"{pct(value / top - 1) if top > 0 else 'inf'} % higher than"
+    return f"{lower(value, top)} % lower than"
+
+
+def cost_difference(c: Candidate, best: Candidate) -> str:
+    mine, theirs = c.cost.amount if c.cost else 0.0, best.cost.amount if best.cost else 0.0
+    if mine < theirs:
+        return f"{lower(mine, theirs)} % less than"
+    return f"{pct(mine / theirs - 1) if theirs > 0 else 'inf'} % more than"
+
+
+def decided_by(c: Candidate, best: Candidate) -> str:
+    """What decided between ``c`` and the winner ``best`` beyond their figures: goodputs
+    within one request, decided on p99 latency; or ``c`` ahead of the winner on goodput
+    yet more than a request behind the highest (whose tie the winner won)."""
+    if c.goodput_tie and best.goodput_tie:
+        return f", a tie within one request over the window; {slower(c, best)}"
+    if c.goodput_tie is False and (c.goodput or 0.0) > (best.goodput or 0.0):
+        return (
+            ", but more than one request behind the highest goodput, which the winner's"
+            " ties (within one request) with a lower p99 latency"
+        )
+    return ""
 
 
 def slower(c: Candidate, best: Candidate) -> str:
@@ -236,6 +299,7 @@ def _advise(
     left = tuple(j for j in judged if isinstance(j, NotConsidered))
     figure = _figure(found, prices, bool(applied))
     ranked = sorted((_priced(c, figure, prices) for c in found), key=lambda c: _rank_key(c, figure))
+    ranked = _settle_goodput_ties(ranked, figure)
     ranked, fronts = _mark_fronts(ranked)
     meeting = [c for c in ranked if c.meets]
     winner = meeting[0] if meeting else None

@@ -20,11 +20,18 @@ from harness.report.recommend.model import (
     Recommendation,
     WorkloadAdvice,
     figure_name,
-    lower,
     param_text,
-    pct,
 )
-from harness.report.recommend.ranking import TIE, beaten, slower, why_missed
+from harness.report.recommend.ranking import (
+    TIE,
+    beaten,
+    cost_difference,
+    decided_by,
+    overlap,
+    rate_difference,
+    slower,
+    why_missed,
+)
 from harness.results import reading
 
 # --------------------------------------------------------------------------- output
@@ -123,23 +130,15 @@ def gap(u: Candidate, r: Candidate) -> str:
 
 def margin(u: Candidate, r: Candidate) -> str:
     """How far ``u`` is behind ``r``: how much more it costs, or how much lower its
-    goodput (throughput) is; on a tie, what decided it."""
+    goodput (throughput) is; on a tie, or goodputs within noise, what decided it."""
     if u.cost is not None and r.cost is not None and r.cost.amount > 0:
         if math.isclose(u.cost.amount, r.cost.amount, rel_tol=TIE):
             return f"the same cost; {slower(u, r)}"
-        return f"costs {pct(u.cost.amount / r.cost.amount - 1)} % more"
+        return f"costs {cost_difference(u, r).removesuffix(' than')}{decided_by(u, r)}"
     if math.isclose(u.goodput or 0.0, r.goodput or 0.0, rel_tol=TIE):
         return f"the same {figure_name(u)}; {slower(u, r)}"
-    return f"{lower(u.goodput or 0.0, r.goodput or 0.0)} % lower {figure_name(u)}"
-
-
-def overlap(u: Candidate, r: Candidate) -> bool | None:
-    """Whether the 95 % interval of the runner-up ``u`` reaches that of the winner
-    ``r`` (the difference may be noise); None where either has no such bound."""
-    low, high = (r.goodput_ci95 or (None, None))[0], (u.goodput_ci95 or (None, None))[1]
-    if low is None or high is None:
-        return None
-    return high >= low
+    value, top = u.goodput or 0.0, r.goodput or 0.0
+    return f"{rate_difference(value, top).removesuffix(' than')} {figure_name(u)}{decided_by(u, r)}"
 
 
 def _render_engines(w: WorkloadAdvice, several_runs: bool) -> list[str]:
