@@ -205,6 +205,11 @@ def test_recommend_picks_an_engine_and_configuration(run: Run, tmp_path: Path):
     )
     picked = open12["recommended"]
     assert picked["params"]["config"] in SEQS
+    # an open loop offers each configuration the same requests: those within one request
+    # of the highest goodput tie, and the pick is the quickest of them
+    tied = [c for c in open12["candidates"] if c.get("goodput_tie")]
+    assert picked in tied, open12["candidates"]
+    assert picked["ttft_p99_s"] == min(c["ttft_p99_s"] for c in tied)
     configs = {(c["engine"], c["params"]["config"]) for c in open12["candidates"]}
     assert configs == {(e, c) for e in ("vllm", "openai") for c in SEQS}
     failed = {(n["engine"], n["params"]["config"]) for n in open12["not_considered"]}

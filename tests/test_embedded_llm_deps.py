@@ -1,0 +1,39 @@
+"""A generative cell that needs the embedded tiny LLM where torch, transformers or
+tokenizers is missing is skipped, saying what to install (never a traceback)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from harness.session.config import parse_settings
+from workloads import generative
+
+
+def settings(**kw):
+    base = dict(device="cpu", profile="quick", results_dir="results/runs", seed=0)
+    return parse_settings(**(base | kw))
+
+
+def test_missing_llm_libraries_skip_the_cell_saying_what_to_install(monkeypatch):
+    found = importlib.util.find_spec("json")  # any spec: torch stands as installed
+
+    def without_transformers(name, *args):
+        return None if name in ("transformers", "tokenizers") else found
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_transformers)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        generative.model_dir(settings(engines=["null-gen"]))
+    assert str(skipped.value) == (
+        "the embedded tiny LLM is built with torch, transformers, tokenizers, and"
+        " transformers, tokenizers are not installed: pip install -e '.[llm]', or give"
+        " --model DIR"
+    )
+
+
+def test_a_given_model_needs_none_of_them(monkeypatch, tmp_path: Path):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    given = settings(engines=["null-gen"], model=str(tmp_path))
+    assert generative.model_dir(given) == given.model
