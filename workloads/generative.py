@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import json
 import os
 from collections.abc import Sequence
@@ -60,25 +59,20 @@ adapter asks the server (``/v1/models``) and keeps no client-side tokenizer."""
 FIRST_ID = 4  # ids below are the tokenizer's special tokens (<s>, </s>, <unk>, <pad>)
 
 
-LLM_LIBS = ("torch", "transformers", "tokenizers")
-"""What the embedded tiny LLM is built with (workloads/llm.py)."""
-
-
 def model_dir(settings: RunSettings) -> Path:
     """``--model``, or the embedded tiny LLM (built on first use); a cell that needs the
     latter where its libraries are missing is skipped, saying what to install."""
     if settings.model is not None:
         return settings.model
-    missing = [lib for lib in LLM_LIBS if importlib.util.find_spec(lib) is None]
-    if missing:
+    from workloads import llm  # noqa: PLC0415  (builds with torch/transformers)
+
+    if missing := llm.missing_libraries():
         pytest.skip(
-            f"the embedded tiny LLM is built with {', '.join(LLM_LIBS)}, and"
+            f"the embedded tiny LLM is built with {', '.join(llm.LIBS)}, and"
             f" {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed:"
             " pip install -e '.[llm]', or give --model DIR"
         )
-    from workloads.llm import embedded_llm  # noqa: PLC0415  (needs torch/transformers)
-
-    return embedded_llm(settings.seed)
+    return llm.embedded_llm(settings.seed)
 
 
 def vocab_size(model: Path) -> int:

@@ -15,6 +15,7 @@ Needs ``torch``, ``transformers`` and ``tokenizers`` (the vllm extra).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -77,12 +78,21 @@ def corpus(seed: int, sentences: int = 4000) -> list[str]:
     ]
 
 
+LIBS = ("torch", "transformers", "tokenizers")
+"""What the model is built with (``pip install -e '.[llm]'``), imported only to build it."""
+
+
+def missing_libraries() -> list[str]:
+    """Those of ``LIBS`` that are not installed."""
+    return [lib for lib in LIBS if importlib.util.find_spec(lib) is None]
+
+
 def _key(seed: int) -> str:
     parts = {
         "generator": GENERATOR_VERSION,
         "seed": seed,
         "shape": asdict(SHAPE),
-        "libs": {lib: version(lib) for lib in ("torch", "transformers", "tokenizers")},
+        "libs": {lib: version(lib) for lib in LIBS},
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 

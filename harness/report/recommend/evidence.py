@@ -202,16 +202,16 @@ def _counted(record: CellRecord, rate: Rate) -> tuple[int, float] | None:
 
 
 def _sample_goodput(
-    record: CellRecord, slos: Sequence[SLO], rate: Rate
+    record: CellRecord, slos: Sequence[SLO], counted: tuple[int, float] | None
 ) -> tuple[int, float] | None:
     """Requests within every SLO and the window, from per-request samples, or None when
-    the record's samples cannot say it exactly.
+    the record's samples cannot say it exactly. ``counted``: the record's completed
+    count and window (``_counted``).
 
     Workloads store ``e2e`` and ``ttft`` once per successful request, in request
     order; ``tpot`` skips single-token requests (then it is not aligned); ``itl`` is
     per token. Failed requests have no samples and never meet an SLO.
     """
-    counted = _counted(record, rate)
     if any(s.metric == "itl" for s in slos) or counted is None:
         return None
     ok, window = counted
@@ -288,7 +288,7 @@ def _simple(cell: RunCell, record: CellRecord, slos: Sequence[SLO]) -> Candidate
     ci = _interval(record.metric(rate.ci)) if rate.ci is not None else None
     if not slos:
         method, goodput = "no SLO", throughput
-    elif (recount := _sample_goodput(record, slos, rate)) is not None:
+    elif (recount := _sample_goodput(record, slos, counted)) is not None:
         good, window = recount
         method, goodput, ci = "samples", good / window, rate_ci(good, window)
     else:

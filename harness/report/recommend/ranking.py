@@ -211,25 +211,28 @@ def beaten(c: Candidate, best: Candidate) -> str:
         if math.isclose(c.cost.amount, best.cost.amount, rel_tol=TIE):
             return f"{_lead(c)} costs what the winner does; {slower(c, best)}"
         said = f"{_lead(c)} costs {fmt_number(c.cost.amount)} per {c.cost.per}"
-        return f"{said}, {cost_difference(c, best)} the winner{decided_by(c, best)}"
+        difference = cost_difference(c.cost.amount, best.cost.amount)
+        return f"{said}, {difference} than the winner{decided_by(c, best)}"
     value, top = c.goodput or 0.0, best.goodput or 0.0
     if math.isclose(value, top, rel_tol=TIE):
         return f"{_lead(c)} {figure_name(c)} {fmt_number(value)} {c.unit} ties; {slower(c, best)}"
     said = f"{_lead(c)} {figure_name(c)} {fmt_number(value)} {c.unit}"
-    return f"{said} is {rate_difference(value, top)} the winner's{decided_by(c, best)}"
+    return f"{said} is {rate_difference(value, top)} than the winner's{decided_by(c, best)}"
 
 
 def rate_difference(value: float, top: float) -> str:
+    """``value`` against ``top``: "x % higher" or "x % lower" (a tie can put a higher
+    goodput behind the winner)."""
     if value > top:
-        return f"{pct(value / top - 1) if top > 0 else 'inf'} % higher than"
-    return f"{lower(value, top)} % lower than"
+        return f"{pct(value / top - 1) if top > 0 else 'inf'} % higher"
+    return f"{lower(value, top)} % lower"
 
 
-def cost_difference(c: Candidate, best: Candidate) -> str:
-    mine, theirs = c.cost.amount if c.cost else 0.0, best.cost.amount if best.cost else 0.0
+def cost_difference(mine: float, theirs: float) -> str:
+    """Cost ``mine`` against ``theirs``: "x % more" or "x % less"."""
     if mine < theirs:
-        return f"{lower(mine, theirs)} % less than"
-    return f"{pct(mine / theirs - 1) if theirs > 0 else 'inf'} % more than"
+        return f"{lower(mine, theirs)} % less"
+    return f"{pct(mine / theirs - 1) if theirs > 0 else 'inf'} % more"
 
 
 def decided_by(c: Candidate, best: Candidate) -> str:

@@ -134,11 +134,11 @@ def margin(u: Candidate, r: Candidate) -> str:
     if u.cost is not None and r.cost is not None and r.cost.amount > 0:
         if math.isclose(u.cost.amount, r.cost.amount, rel_tol=TIE):
             return f"the same cost; {slower(u, r)}"
-        return f"costs {cost_difference(u, r).removesuffix(' than')}{decided_by(u, r)}"
+        return f"costs {cost_difference(u.cost.amount, r.cost.amount)}{decided_by(u, r)}"
     if math.isclose(u.goodput or 0.0, r.goodput or 0.0, rel_tol=TIE):
         return f"the same {figure_name(u)}; {slower(u, r)}"
     value, top = u.goodput or 0.0, r.goodput or 0.0
-    return f"{rate_difference(value, top).removesuffix(' than')} {figure_name(u)}{decided_by(u, r)}"
+    return f"{rate_difference(value, top)} {figure_name(u)}{decided_by(u, r)}"
 
 
 def _render_engines(w: WorkloadAdvice, several_runs: bool) -> list[str]:
