@@ -19,6 +19,8 @@ vLLM counts its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib.util
 import random
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -74,8 +76,26 @@ OPTIONS = OptionSchema(
         "1: loading fails, as an engine configuration that cannot start does (fault injection)",
     ),
 )
+TOKEN_TIME_S = "0.002"  # noqa: S105 - a time, not a secret
+"""null-gen's default time per token (500 tokens/s per sequence, a small model's decode
+on a GPU): long enough that its closed-loop cells fill the quick profile's 1 s window
+with the profile's request count (120 requests of about 32 tokens, 4 in flight: 1.9 s);
+``token_time_s=0`` measures the harness alone."""
 GEN_OPTIONS = OptionSchema(
-    *OPTIONS.options,
+    *(o for o in OPTIONS.options if o.name != "token_time_s"),
+    number(
+        "token_time_s",
+        "seconds between streamed tokens",
+        default=TOKEN_TIME_S,
+        low=0,
+        must=SECONDS,
+    ),
+    integer(
+        "max_num_seqs",
+        "requests generated at once; more wait for a free slot, as behind a full batch"
+        " (default: no limit)",
+        must="an integer >= 1",
+    ),
     number(
         "prefill_token_s",
         "seconds per prompt token not found in the prefix cache, before the first token",
@@ -85,6 +105,10 @@ GEN_OPTIONS = OptionSchema(
     ),
     flag("prefix_cache", "reuse whole blocks of a prompt's prefix seen before"),
 )
+LLM_EXTRA = ("torch", "transformers", "tokenizers")
+"""What the generative workloads' default model, the embedded tiny LLM
+(``workloads/llm.py``, extra ``[llm]``), is built with. null-gen needs none of them; its
+cells do, unless ``--model DIR`` names a model."""
 PREFIX_BLOCK = 16
 """Tokens per cached block (vLLM's default block size): only whole blocks are reused."""
 
@@ -208,17 +232,35 @@ class NullGenerativeEngine(NullEngine):
         prefix_cache_option="prefix_cache",
     )
 
+    @classmethod
+    def probe(cls, device: str) -> Availability:
+        missing = [lib for lib in LLM_EXTRA if importlib.util.find_spec(lib) is None]
+        if not missing:
+            return Availability(True)
+        return Availability(
+            True,
+            note=f"needs [llm] or --model: its workloads' default model, the embedded tiny"
+            f" LLM, is built with {', '.join(missing)} (not installed: pip install -e"
+            " '.[llm]')",
+        )
+
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         o = self.resolved  # resolved by NullEngine against GEN_OPTIONS
         self.prefill_token_s = float(o["prefill_token_s"])
         self.prefix_cache = o["prefix_cache"] == "1"
+        self.max_num_seqs = int(o["max_num_seqs"]) if "max_num_seqs" in o else None
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._blocks: set[int] = set()
         self._queried = self._hit = 0
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        mine = {"prefill_token_s": self.prefill_token_s, "prefix_cache": self.prefix_cache}
+        mine = {
+            "prefill_token_s": self.prefill_token_s,
+            "prefix_cache": self.prefix_cache,
+            "max_num_seqs": self.max_num_seqs,
+        }
         return info | mine | {"effective": info["effective"] | mine}
 
     def counters(self) -> dict[str, float]:
@@ -240,7 +282,23 @@ class NullGenerativeEngine(NullEngine):
         self._hit += found * PREFIX_BLOCK
         return found * PREFIX_BLOCK
 
+    def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A place among the ``max_num_seqs`` sequences generated at once (none to wait
+        for without a limit). The semaphore belongs to the event loop it was made on: each
+        cell runs its own."""
+        if self.max_num_seqs is None:
+            return contextlib.nullcontext()
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.max_num_seqs))
+        return self._slots[1]
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        async with self._slot():
+            async for chunk in self._stream(request):
+                yield chunk
+
+    async def _stream(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
         _wait(self._next_call())  # a stall blocks the event loop: the generator with it
         n_in, n_out = input_tokens(request), reply_length(request)
         prefill = (n_in - self._cached(request)) * self.prefill_token_s

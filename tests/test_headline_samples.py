@@ -276,11 +276,9 @@ def test_the_golden_runs_reproduce_their_headline_figures(tmp_path):
 #   path), the soaks (12 s, fixed by the profile) and the generative shapes (20 s at
 #   least): their headline statistics come from the same run.metrics and run.samples as
 #   load_shape's (workloads/load.py finish_soak, finish_shape);
-# - continuous_batching and precision_generative, which null-gen cannot run (it takes no
-#   max_num_seqs, has no precision options; as in the golden runs) and vLLM does
-#   (tests/test_vllm_live.py, test_vllm_precision.py): continuous_batching finishes
-#   through streaming's workloads/generative.py finish (same headline, same summary);
-#   precision_generative stores no samples;
+# - continuous_batching, which finishes through streaming's workloads/generative.py
+#   finish (same headline, same summary), and precision_generative, which null-gen cannot
+#   run (it has no precision options) and stores no samples (tests/test_vllm_precision.py);
 # - streaming open loop (gen_requests at 4 req/s: 25 s); closed-1 has the same headline.
 TENSOR_CELLS = " or ".join(
     (

@@ -84,9 +84,48 @@ def test_null_gen_prefill_time_is_for_tokens_not_found(monkeypatch):
         await real_sleep(0)
 
     monkeypatch.setattr(engines.null.asyncio, "sleep", fake_sleep)
-    opts = {"prefix_cache": "1", "prefill_token_s": "0.0005"}
+    opts = {"prefix_cache": "1", "prefill_token_s": "0.0005", "token_time_s": "0"}
     engine = NullGenerativeEngine(EngineConfig(Path("m"), options=opts))
     prompt = tuple(range(4, 4 + 170))  # 10 whole blocks and 10 tokens
     _send(engine, prompt)
     _send(engine, prompt)
     assert slept == [pytest.approx(170 * 0.0005), pytest.approx(10 * 0.0005)]
+
+
+def test_null_gen_takes_max_num_seqs_and_generates_no_more_at_once():
+    """pytest --engine=null-gen -k continuous_batching failed: unknown option max_num_seqs,
+    although null-gen declares continuous batching (issue 35)."""
+    import asyncio  # noqa: PLC0415
+
+    from engines.null import NullGenerativeEngine  # noqa: PLC0415
+    from harness.engine import GenerationRequest  # noqa: PLC0415
+
+    NullGenerativeEngine.validate_options({"max_num_seqs": "4"})
+    with pytest.raises(ValueError, match="max_num_seqs must be an integer >= 1"):
+        NullGenerativeEngine.validate_options({"max_num_seqs": "0"})
+    opts = {"max_num_seqs": "2", "token_time_s": "0.001"}
+    engine = NullGenerativeEngine(EngineConfig(Path("m"), options=opts))
+    assert engine.describe()["effective"]["max_num_seqs"] == 2
+    live, most = 0, 0
+
+    async def one(i: int) -> int:
+        nonlocal live, most
+        n = 0
+        async for chunk in engine.generate(GenerationRequest((4, 5), 5, request_id=str(i))):
+            if chunk.completion_tokens == 1:
+                live += 1
+                most = max(most, live)
+            n += chunk.n_tokens
+        live -= 1
+        return n
+
+    async def five() -> list[int]:
+        return list(await asyncio.gather(*(one(i) for i in range(5))))
+
+    for _ in range(2):  # a second event loop (the next cell's) gets slots of its own
+        assert asyncio.run(five()) == [5] * 5
+        assert most == 2
+    unlimited = NullGenerativeEngine(EngineConfig(Path("m"), options={"token_time_s": "0.001"}))
+    engine, most = unlimited, 0
+    asyncio.run(five())
+    assert most == 5
