@@ -2,10 +2,11 @@
 
 Prints the environment fingerprint and every engine's availability, runs the conformance
 suite (tests/test_gpu_conformance.py) and a quick profile of the workloads for every
-engine that can run on the device (tensor engines: batching, shapes, preprocessing;
-generative engines: streaming), then prints per engine what ran, what was skipped and
-why, and what failed. Writes its run directory and summary.json under --out. Installs
-nothing.
+engine that can run on the device (tensor engines: batching, shapes, preprocessing,
+precision and the load workloads; generative engines: streaming), then prints per engine
+what ran, what was skipped and why, and what failed. Writes its run directories,
+summary.json and cells.json (one line per cell: status, headline figures, energy; a few
+kilobytes, to read back from a remote machine) under --out. Installs nothing.
 
     scripts/gpu-check [--device cuda] [--out DIR] [--budget-s 480]
 
@@ -34,7 +35,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # a bare source tree: the harness need not be installed
 NEEDED = ("numpy", "pydantic", "psutil", "pytest", "rich", "scipy", "onnx")
-WORKLOADS = "test_batching.py or test_shapes.py or test_preprocessing.py"
+# test_load.py: the tensor load workloads (rate sweep, capacity, soak, load shapes); its
+# generative ones skip for tensor engines
+WORKLOADS = (
+    "test_batching.py or test_shapes.py or test_preprocessing.py or test_precision.py"
+    " or test_load.py"
+)
 LLM_WORKLOADS = "test_streaming.py"
 # conformance classes (tests/test_gpu_conformance.py) -> the engine they test
 CONFORMANCE_ENGINES = {
@@ -181,6 +187,41 @@ def add_cells(reports: Mapping[str, EngineReport], records: Iterable[Any]) -> No
             report.failed.append(f"{rec.cell_id} ({status}): {why}")
 
 
+CELLS_FILE = "cells.json"
+
+
+def cell_line(rec: Any) -> dict[str, Any]:
+    """One cell (a ``CellRecord``) in a few hundred bytes: status, headline figures as the
+    matrix shows them, and its energy (or why there is none)."""
+    from harness.report.matrix import fmt_number, headline_values  # noqa: PLC0415
+
+    line: dict[str, Any] = {"cell": rec.cell_id, "engine": rec.engine, "status": rec.status.value}
+    if rec.status.value in ("ok", "invalid"):
+        line["headline"] = " · ".join(
+            f"{label} {'n/a' if v is None else fmt_number(v)} {unit}".strip()
+            for label, unit, v in headline_values(rec)
+        )
+        line["reasons"] = list(rec.validity.reasons) if rec.validity else []
+        energy = rec.metrics.get("energy") or {}
+        line["energy"] = (
+            {
+                "joules": round(energy["joules"], 3),
+                "mean_power_w": round(energy["joules"] / energy["window_s"], 1),
+            }
+            if "joules" in energy
+            else {"absent": energy.get("absent", "not recorded")}
+        )
+    else:
+        line["reasons"] = [r[:300] for r in rec.reasons]
+    return line
+
+
+def write_cells(path: Path, records: Iterable[Any]) -> None:
+    """``cells.json``: a JSON list, one cell per line."""
+    lines = [json.dumps(cell_line(r), default=str) for r in records]
+    path.write_text("[\n" + ",\n".join(lines) + ("\n" if lines else "") + "]\n")
+
+
 def verdict(reports: Mapping[str, EngineReport], run_failures: list[str]) -> tuple[int, str]:
     """The exit status and its one-line reason: a skip-only check never passes."""
     failed = [r.name for r in reports.values() if r.failed]
@@ -230,8 +271,9 @@ def _run_workloads(
             continue
         _say(f"quick {family} workloads on {', '.join(names)}")
         code = _run(_workloads(args, names, selection, runs), env, left() - 15)
-        # 10: some cells were measured but invalid (listed per engine); not a crash
-        if code not in (0, 10):
+        # 10: some cells were measured but invalid; 12: every cell skipped (both listed per
+        # engine, and the verdict counts cells); neither is a crash
+        if code not in (0, 10, 12):
             failures.append(f"the {family} workload run exited {code}")
     written = set(runs.iterdir()) - before if runs.is_dir() else set()
     return failures, sorted(p for p in written if p.is_dir())
@@ -287,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         failures.insert(0, f"the conformance run exited {conformance}")
     from harness.results import store  # noqa: PLC0415
 
-    for run_dir in run_dirs:
-        add_cells(reports, store.read_records(run_dir))
+    records = [r for run_dir in run_dirs for r in store.read_records(run_dir)]
+    add_cells(reports, records)
+    write_cells(args.out / CELLS_FILE, records)
     code, why = verdict(reports, failures)
     _summarize(args, reports, (code, why), run_dirs, time.monotonic() - start)
     return code
@@ -311,6 +354,7 @@ def _summarize(
         "verdict": why,
         "seconds": round(seconds, 1),
         "run_dirs": [str(d) for d in run_dirs],
+        "cells": str(args.out / CELLS_FILE),
         "engines": {
             name: {
                 "verdict": r.verdict(),

@@ -68,6 +68,9 @@ def test_gpu_check_runs_its_steps_and_summarizes_per_engine(tmp_path):
     assert trt["unavailable"] == "tensorrt does not support device 'cpu'"
     assert summary["engines"]["openai"]["unavailable"].startswith("a client of a server")
     assert len(summary["run_dirs"]) == 1
+    [cell] = json.loads((tmp_path / "check" / "cells.json").read_text())
+    assert (cell["engine"], cell["status"]) == ("onnxruntime", "ok")
+    assert cell["headline"]
 
 
 @pytest.mark.slow
@@ -184,3 +187,56 @@ def test_the_per_engine_lines_say_ran_skipped_why_and_failed():
     assert lines[0].split()[:2] == ["tensorrt", "SKIPPED"]
     assert "cannot run here: tensorrt is not installed" in lines[1]
     assert "skipped x2: TestTensorRT: tensorrt is not installed" in lines[2]
+
+
+def test_cells_json_has_one_short_line_per_cell_with_status_headline_and_energy(tmp_path):
+    """On the first H200 run the run directory tarball was 59 MB: cells.json is what a
+    remote machine's check is read back by (issue 30)."""
+    energy = {"joules": 402.123456, "window_s": 3.0, "samples": 30, "source": "nvml"}
+    records = [
+        record("batching.torch.rate=10", engine="torch", p50=0.0021),
+        record(
+            "precision.torch.precision=fp16",
+            engine="torch",
+            metrics={"e2e": {"p50": 0.001}, "energy": energy},
+        ),
+        record(
+            "shapes.torch.mode=dynamic",
+            engine="torch",
+            metrics={"e2e": {"p50": 0.001}, "energy": {"absent": "no NVML here"}},
+        ),
+        record("batching.torch.rate=20", engine="torch", status=Status.INVALID),
+        record("batching.tensorrt.rate=10", engine="tensorrt", status=Status.SKIPPED),
+    ]
+    path = tmp_path / "cells.json"
+    gpu_check.write_cells(path, records)
+    text = path.read_text()
+    assert len(text.splitlines()) == len(records) + 2  # one cell a line, inside [ ]
+    cells = {c["cell"]: c for c in json.loads(text)}
+    assert cells["batching.torch.rate=10"] == {
+        "cell": "batching.torch.rate=10",
+        "engine": "torch",
+        "status": "ok",
+        "headline": "p50 2.10 ms",
+        "reasons": [],
+        "energy": {"absent": "not recorded"},
+    }
+    assert cells["precision.torch.precision=fp16"]["energy"] == {
+        "joules": 402.123,
+        "mean_power_w": 134.0,
+    }
+    assert cells["shapes.torch.mode=dynamic"]["energy"] == {"absent": "no NVML here"}
+    assert cells["batching.torch.rate=20"]["status"] == "invalid"
+    assert cells["batching.torch.rate=20"]["reasons"] == ["too few samples"]
+    assert cells["batching.tensorrt.rate=10"] == {
+        "cell": "batching.tensorrt.rate=10",
+        "engine": "tensorrt",
+        "status": "skipped",
+        "reasons": ["it skipped"],
+    }
+    assert max(len(line) for line in text.splitlines()) < 400
+
+
+def test_the_check_runs_the_precision_and_load_workloads_of_tensor_engines():
+    for workload in ("test_precision.py", "test_load.py", "test_batching.py", "test_shapes.py"):
+        assert workload in gpu_check.WORKLOADS

@@ -145,6 +145,8 @@ class Window:
     spans: dict[str, list[float]] = field(default_factory=dict)
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    span: tuple[float, float] | None = None
+    """The window's first and last instant on perf_counter: its energy's window."""
 
     def add(self, latency: float, spans: dict[str, float]) -> None:
         self.latency.append(latency)
@@ -180,7 +182,7 @@ def _cpu_seconds() -> float:
 
 
 class _Meter:
-    """Wall and CPU time of a window."""
+    """Wall and CPU time of a window, and where it lies on perf_counter."""
 
     def __init__(self, window: Window) -> None:
         self.window = window
@@ -190,7 +192,8 @@ class _Meter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.window.wall_s = time.perf_counter() - self._wall
+        end = time.perf_counter()
+        self.window.wall_s, self.window.span = end - self._wall, (self._wall, end)
         self.window.cpu_s = _cpu_seconds() - self._cpu
 
 

@@ -82,6 +82,8 @@ class Timed:
     reference: list[float]
     reduced: list[float]
     window_s: float
+    span: tuple[float, float] | None = None
+    """The window's first and last instant on perf_counter: its energy's window."""
 
 
 def interleaved(
@@ -111,7 +113,8 @@ def interleaved(
             infer(batch)
             sink.append(clock() - t0)
         i += 1
-    out.window_s = clock() - start
+    end = clock()
+    out.window_s, out.span = end - start, (start, end)
     return out
 
 

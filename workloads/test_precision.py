@@ -196,6 +196,7 @@ def _finish(
             failed=0,
             window_s=timed.window_s,
             notes=tuple(f"precision {precision} vs fp32: {b}" for b in breaches),
+            span=timed.span,  # both variants, interleaved: the energy of that window
         ),
         headline=[
             Headline(
@@ -319,6 +320,9 @@ def _finish_generative(
             failed=summaries["fp32"].evidence.failed + evidence.failed,
             window_s=min(summaries["fp32"].evidence.window_s, evidence.window_s),
             notes=tuple(f"precision {precision} vs fp32: {b}" for b in breaches),
+            # one window only: the reduced dtype's phase (a span over both phases would
+            # count the reduced engine's loading between them)
+            span=evidence.span,
         ),
         headline=[
             Headline(label="fp32 TPOT", metric="reference.tpot.p50", unit="ms", scale=1e3),

@@ -120,7 +120,13 @@ def _stage_times(staged: Window) -> dict[str, Any]:
 
 def _evidence(window: Window, found: dict[str, Any]) -> Evidence:
     notes = tuple(f"parity vs {REFERENCE}: {b}" for b in found["breaches"])
-    return Evidence(samples=len(window.latency), failed=0, window_s=window.wall_s, notes=notes)
+    return Evidence(
+        samples=len(window.latency),
+        failed=0,
+        window_s=window.wall_s,
+        notes=notes,
+        span=window.span,  # the measured window alone: not the parity and staged passes
+    )
 
 
 def _finish(

@@ -175,6 +175,7 @@ def test_shapes(
             failed=failed,
             window_s=window,
             negative_durations=int(np.sum(latency < 0)),
+            span=run.span,
         ),
         headline=[
             Headline(label="p50", metric="latency.p50", unit="ms", scale=1e3),
@@ -210,6 +211,8 @@ class _Run:
     real: int = 0
     padded: int = 0
     window: float = 0.0
+    span: tuple[float, float] | None = None
+    """The window's first and last instant on perf_counter: its energy's window."""
 
 
 def _serve_sequence(
@@ -236,7 +239,8 @@ def _serve_sequence(
             t0 = clock.now()
             engine.infer(request)
             run.latency.append(clock.now() - t0)
-    run.window = clock.now() - t_start
+    t_end = clock.now()
+    run.window, run.span = t_end - t_start, (t_start, t_end)
     return run
 
 
