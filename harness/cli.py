@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from rich.table import Table
 from harness.engine import Availability, options, registry
 from harness.exceptions import RecordError
 from harness.metrics.streamtiming import parse_slos
-from harness.report import compare, decision, htmlpage, matrix, recommend, runset
+from harness.report import compare, decision, htmlpage, matrix, matrixterm, recommend, runset
 from harness.report.publicpaths import PathStyle
 from harness.results import reading
 from harness.results.reading import Damaged, skipped_lines
@@ -61,7 +62,9 @@ def _options_table(names: list[str]) -> Table:
 
 def _availability(avail: Availability) -> str:
     # reasons hold pip extras such as "inference-harness[torch]": not rich markup
-    return "yes" if avail.available else escape(f"no: {avail.reason}")
+    if not avail.available:
+        return escape(f"no: {avail.reason}")
+    return escape(f"yes, but {avail.note}") if avail.note else "yes"
 
 
 def _error(console: Console, exc: Exception) -> int:
@@ -93,8 +96,19 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         console.print(f"wrote {written.markdown} and {written.csv}", highlight=False)
         _skipped(console, written.skipped)
         if args.print:
-            sys.stdout.write(written.markdown.read_text())
+            status = _print_matrix(run_dir, args.skip_damaged, console) or status
     return status
+
+
+def _print_matrix(run_dir: Path, skip_damaged: bool, console: Console) -> int:
+    """The matrix as plain text for the terminal (matrix.md's is escaped for Markdown)."""
+    width = shutil.get_terminal_size((matrixterm.DEFAULT_WIDTH, 24)).columns
+    try:
+        text = matrixterm.terminal_table(run_dir, width, skip_damaged=skip_damaged)
+    except (OSError, RecordError) as exc:
+        return _error(console, exc)
+    sys.stdout.write(text)
+    return 0
 
 
 _DECISION_OPTIONS = {
@@ -351,7 +365,7 @@ def parser() -> argparse.ArgumentParser:
         " to run, Pareto fronts), the runs, the matrix and plots",
     )
     rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", type=Path)
-    rep.add_argument("--print", action="store_true", help="also print matrix.md")
+    rep.add_argument("--print", action="store_true", help="also print the matrix (as plain text)")
     rep.add_argument(
         "--html",
         action="store_true",

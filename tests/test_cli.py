@@ -74,3 +74,26 @@ def test_a_bare_source_tree_finds_the_builtin_engines(monkeypatch):
     names = registry.names()
     assert {"onnxruntime", "torch", "tensorrt", "lmdeploy", "null"} <= set(names)
     assert registry.load("null").name == "null"
+
+
+def test_an_engine_whose_cells_need_more_says_so_beside_yes(monkeypatch, capsys):
+    """null-gen runs on a base install, but every cell of its workloads would skip for the
+    embedded tiny LLM's libraries: the listing says so instead of a bare "yes"."""
+    import importlib.util  # noqa: PLC0415
+
+    from harness.engine import registry  # noqa: PLC0415
+
+    real = importlib.util.find_spec
+    # torch missing, transformers and tokenizers installed
+    fake = {"torch": None, "transformers": real("json"), "tokenizers": real("json")}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: fake[name] if name in fake else real(name, *a)
+    )
+    shown = cli._availability(registry.status("null-gen", "cpu").availability)
+    assert shown == (
+        "yes, but needs \\[llm] or --model: its workloads' default model, the embedded tiny"
+        " LLM, is built with torch (not installed: pip install -e '.\\[llm]')"
+    )  # escaped for rich, which prints it as [llm]
+    assert cli.main(["engines", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "yes, but needs [llm] or --model" in out

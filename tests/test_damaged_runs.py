@@ -114,7 +114,8 @@ def test_recommend_ranks_no_planted_duplicate(tmp_path, capsys):
     assert code == 0
     assert "RECOMMENDED: fast mode=dynamic: goodput 1000 req/s" in out
     assert "runner-up: fast mode=static" in out  # not the copy of the winner
-    assert out.count("goodput 1000 req/s") == 2  # recommended, and once in the ranking
+    # the decision, the recommendation, and once in the ranking
+    assert out.count("goodput 1000 req/s") == 3
     shown = published(copy)
     assert f"skipped 1 damaged file(s) (--skip-damaged); not in this report: {shown}:" in out
 

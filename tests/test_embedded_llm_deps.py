@@ -27,10 +27,28 @@ def test_missing_llm_libraries_skip_the_cell_saying_what_to_install(monkeypatch)
     with pytest.raises(pytest.skip.Exception) as skipped:
         generative.model_dir(settings(engines=["null-gen"]))
     assert str(skipped.value) == (
-        "the embedded tiny LLM is built with torch, transformers, tokenizers, and"
-        " transformers, tokenizers are not installed: pip install -e '.[llm]', or give"
-        " --model DIR"
+        "the embedded tiny LLM needs transformers and tokenizers, which are not installed:"
+        " pip install -e '.[llm]', or give --model DIR"
     )
+
+
+@pytest.mark.parametrize(
+    ("missing", "said"),
+    [
+        (["torch"], "needs torch, which is not installed"),
+        (
+            ["torch", "transformers", "tokenizers"],
+            "needs torch, transformers and tokenizers, which are",
+        ),
+    ],
+)
+def test_the_skip_names_only_what_is_missing(monkeypatch, missing, said):
+    found = importlib.util.find_spec("json")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n in missing else found)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        generative.model_dir(settings(engines=["null-gen"]))
+    assert str(skipped.value).startswith(f"the embedded tiny LLM {said}")
+    assert "built with" not in str(skipped.value)
 
 
 def test_a_given_model_needs_none_of_them(monkeypatch, tmp_path: Path):

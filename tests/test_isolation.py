@@ -6,9 +6,10 @@ worker's last output), and leave every other cell of the run ok and intact.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
-import subprocess
+from subprocess import DEVNULL, PIPE
 
 import pytest
 
@@ -24,6 +25,8 @@ from tests.support.isolated import (
     records_of,
     run,
     run_unshared,
+    sigint_ignored,
+    started,
     write_project,
 )
 
@@ -248,12 +251,12 @@ def test_interrupt_keeps_finished_cells_and_resume_completes(tmp_path, sig, isol
         "--window=1.5",
         f"--isolation={isolation}",
     ]
-    proc = subprocess.Popen(
-        pytest_argv(*args), cwd=tmp_path, env=env(), stdout=subprocess.PIPE, text=True
-    )
-    first = lambda: any(results.glob("*/cells/tensor.faulty.fault=none.json"))  # noqa: E731
-    interrupt_when(proc, first, sig, timeout=120)
-    out, _ = proc.communicate(timeout=60)
+    with contextlib.ExitStack() as stack:
+        with sigint_ignored():  # as `cmd &`, nohup or a CI runner would start these tests
+            proc = stack.enter_context(started(pytest_argv(*args), tmp_path, stdout=PIPE))
+        first = lambda: any(results.glob("*/cells/tensor.faulty.fault=none.json"))  # noqa: E731
+        interrupt_when(proc, first, sig, timeout=120)
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-2000:]
     run_dir = only_run_dir(results)
     records = records_of(run_dir)
@@ -300,10 +303,9 @@ def test_concurrent_runs_into_one_directory_never_collide(tmp_path):
     write_project(tmp_path, ["none", "none+b"])
     results = tmp_path / "shared"
     args = pytest_argv("--engine=faulty", f"--results-dir={results}", "--window=1.2")
-    procs = [
-        subprocess.Popen(args, cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL) for _ in range(2)
-    ]
-    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(started(args, tmp_path, stdout=DEVNULL)) for _ in range(2)]
+        assert [p.wait(timeout=180) for p in procs] == [0, 0]
     runs = sorted(p for p in results.iterdir() if p.is_dir())
     assert len(runs) == 2
     assert runs[0].name != runs[1].name
@@ -320,15 +322,10 @@ SECRET = "sk-test-0123456789abcdef"
 def test_secrets_never_reach_results_and_engine_text_is_escaped(tmp_path):
     write_project(tmp_path, ["leak_secret", "none"])
     results = tmp_path / "r"
-    proc = subprocess.run(
-        pytest_argv("--engine=faulty", f"--results-dir={results}", "--window=1.2"),
-        cwd=tmp_path,
-        env={**env(), "OPENAI_API_KEY": SECRET},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    argv = pytest_argv("--engine=faulty", f"--results-dir={results}", "--window=1.2")
+    environ = {**env(), "OPENAI_API_KEY": SECRET}
+    with started(argv, tmp_path, environ, stdout=PIPE, stderr=PIPE) as proc:
+        out, err = proc.communicate(timeout=180)
     run_dir = only_run_dir(results)
     records = records_of(run_dir)
     leaked = records["tensor.faulty.fault=leak_secret"]
@@ -342,8 +339,8 @@ def test_secrets_never_reach_results_and_engine_text_is_escaped(tmp_path):
     md = (run_dir / "matrix.md").read_text()
     assert "<script>" not in md
     assert "&lt;script&gt;alert(1)&lt;/script&gt; \\| pipe" in md
-    assert SECRET not in proc.stdout + proc.stderr  # the replayed failure, the summary
-    assert "[REDACTED]" in proc.stdout
+    assert SECRET not in out + err  # the replayed failure, the summary
+    assert "[REDACTED]" in out
     assert proc.returncode == pytest.ExitCode.TESTS_FAILED
 
 

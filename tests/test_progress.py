@@ -214,21 +214,48 @@ def test_screen_ends_the_reporters_line_once_and_writes_through_it_when_it_can()
     assert reporter.written == ["\nthree\n"]
 
 
+def structured(**kw: Any) -> CellView:
+    """The view the controller makes of CELL_ID: its workload, engine and parameters."""
+    fields = {"workload": "streaming", "engine": "vllm", "params": "load=open level=12"}
+    return view(**(fields | kw))
+
+
 def test_rich_line_renders_the_cell_bar_and_counts():
     console = Console(file=io.StringIO(), width=160, force_terminal=False)
     reading = Reading(LoadSnapshot(97, 95, 1, 0.0012, 8.1, 10.0, 120), at=114.2)
-    console.print(rich_line(view(), reading, now=114.2, width=160))
-    text = console.file.getvalue()  # type: ignore[attr-defined]
-    assert f"cell 3/12 {CELL_ID} " in text
-    assert "8.1/10.0 s  sent 97/120 completed 95 failed 1, lag 1.20 ms  elapsed 14.2 s" in text
-    assert "━" in text  # the bar
-    narrow = Console(file=io.StringIO(), width=96, force_terminal=False)
-    narrow.print(rich_line(view(), reading, now=114.2, width=96))
-    line = narrow.file.getvalue().rstrip("\n")  # type: ignore[attr-defined]
-    # short of room: the name is cut, the bar goes, the counts stay
-    assert line.startswith("cell 3/12 streaming.vll… 8.1/10.0 s  sent 97/120 completed 95")
+    console.print(rich_line(structured(), reading, now=114.2, width=160))
+    heading, line = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert heading == "load=open level=12 · streaming on vllm, cell 3/12"
+    assert "8.1/10.0 s  sent 97/120 completed 95 failed 1, lag 1.20 ms  elapsed 14.2 s" in line
+    assert "━" in line  # the bar
+    narrow = Console(file=io.StringIO(), width=72, force_terminal=False)
+    narrow.print(rich_line(structured(), reading, now=114.2, width=72))
+    heading, line = narrow.file.getvalue().rstrip("\n").splitlines()  # type: ignore[attr-defined]
+    # short of room: the bar goes, then the end of the counts; the cell's name stays whole
+    assert heading == "load=open level=12 · streaming on vllm, cell 3/12"
+    assert line.startswith("8.1/10.0 s  sent 97/120 completed 95 failed 1, lag 1.20 ms  elap")
     assert "━" not in line
-    assert len(line) == 96
+    assert len(line) == 72
+
+
+def test_on_a_terminal_the_parameters_come_first_and_are_never_cut():
+    # issue 35: an 80-column terminal showed "cell 3/12 batching.onnx…", every cell alike
+    reading = Reading(LoadSnapshot(97, 95, 1, 0.0012, 8.1, 10.0, 120), at=114.2)
+    params = "rate=3500 mode=dynamic batch=8 delay_ms=2"
+    cell = view(workload="batching", engine="onnxruntime", params=params, repeat=2, repeats=3)
+    for width in (80, 40):
+        console = Console(file=io.StringIO(), width=width, force_terminal=False)
+        console.print(rich_line(cell, reading, now=114.2, width=width))
+        rows = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+        heading = " ".join(" ".join(rows[:-1]).split())
+        assert heading.startswith(params), rows
+        assert heading.endswith("batching on onnxruntime, cell 3/12 (repeat 2/3)"), rows
+        assert heading.count("batching") == 1
+        assert "…" not in heading
+    # a view that knows only the id (a worker's, a test's) shows the id
+    console = Console(file=io.StringIO(), width=80, force_terminal=False)
+    console.print(rich_line(view(), reading, now=114.2, width=80))
+    assert console.file.getvalue().splitlines()[0] == f"cell 3/12 {CELL_ID}"  # type: ignore[attr-defined]
 
 
 def test_rich_display_steps_below_the_reporters_line_and_back():
@@ -285,7 +312,12 @@ class FakeDisplay:
 
 
 def fake_run(*nodeids: str) -> SimpleNamespace:
-    planned = {n: SimpleNamespace(cell_id=f"cell-{n[-2]}") for n in nodeids}
+    planned = {
+        n: SimpleNamespace(
+            cell_id=f"cell-{n[-2]}", workload="w", engine="e", params={"x": n[-2], "y": None}
+        )
+        for n in nodeids
+    }
     return SimpleNamespace(planned=planned, repeat=1, settings=SimpleNamespace(repeats=1))
 
 
@@ -335,6 +367,17 @@ def test_the_view_numbers_cells_and_shows_only_the_one_in_flight_until_measured(
         ("show", "cell 1/2 cell-a", 2),
         ("pause", "", 0),
     ]
+
+
+def test_the_view_names_the_cell_by_its_parameters_first_for_the_terminal():
+    display = FakeDisplay()
+    state = fake_run("w.py::t[a]")
+    progress = ProgressView(display, lambda: state, sample=False, now=Now())  # type: ignore[arg-type]
+    progress.total = 4
+    progress.pytest_runtest_logstart("w.py::t[a]", ("w.py", 1, "t"))
+    assert progress.view is not None
+    assert progress.view.heading == "x=a y=none · w on e, cell 1/4"
+    assert progress.view.title == "cell 1/4 cell-a"  # a log line keeps the whole id
 
 
 def test_in_process_the_view_samples_the_counters_itself():
@@ -468,8 +511,9 @@ def test_a_run_into_a_log_prints_plain_progress_lines(real_runs):
 def test_a_run_on_a_terminal_shows_richs_live_display(real_runs):
     run = real_runs["tty"]
     assert run.returncode in (0, 10), run.text[-3000:]
-    # the head of the cell id: rich shortens the rest to the terminal's width
-    assert "cell 1/1 batching.onnxruntime.rate=100.mode=none" in run.text, run.text[-3000:]
+    # the parameters first, whole; the workload once
+    heading = "rate=100 mode=none batch=1 delay_ms=none · batching on onnxruntime, cell 1/1"
+    assert heading in run.text, run.text[-3000:]
     assert "\x1b[?25l" in run.text  # rich hid the cursor ...
     assert "\x1b[?25h" in run.text  # ... and gave it back
     assert "━" in run.text  # the bar

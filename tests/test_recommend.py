@@ -221,8 +221,8 @@ def test_invalid_failed_and_missing_cells_are_never_recommended_but_listed(tmp_p
     verdicts = {v.engine: v.verdict for v in w.engines}
     assert verdicts["cheat"] == "no valid cell (failed, invalid; see below)"
     text = rec.render(rec.recommend([run], parse_slos("e2e_p99=50ms"), None))
-    assert "cheat rate=1000 mode=dynamic: invalid: too few samples" in text
-    assert "fast rate=1000 mode=none: missing: no record (interrupted run?)" in text
+    assert "cheat mode=dynamic: invalid: too few samples" in text  # the rate is the title's
+    assert "fast mode=none: missing: no record (interrupted run?)" in text
 
 
 def test_no_cell_meeting_the_slo_is_a_nonzero_exit_with_reasons(tmp_path):
@@ -477,7 +477,11 @@ def test_precision_cell_offers_its_fp32_reference_as_a_configuration(tmp_path):
     result = rec.recommend([write_run(tmp_path, "q", [record])], parse_slos("e2e_p99=50ms"), 3.6)
     w = one(result, "precision")
     assert w.title == "precision model=m"
-    assert w.recommended.configuration() == "precision=int8 [its fp32 reference path]"
+    # named by what it measured (issue 35: it read "precision=int8 [its fp32 reference path]")
+    assert (
+        w.recommended.configuration() == "fp32 reference path (measured in the precision=int8 cell)"
+    )
+    assert w.runner_up.configuration() == "precision=int8"
     assert w.recommended.goodput == 4730.0
     assert w.runner_up.variant is None
     assert w.runner_up.cost.per == "1k items"
@@ -713,7 +717,9 @@ def test_every_configuration_meeting_the_slo_says_why_it_lost(tmp_path):
         f"  5. d config=default: not recommended: {SATURATED} [no Pareto point: not an"
         f" operating point: {SATURATED}]"
     )
-    assert listed[5].startswith("Pareto fronts: goodput vs E2E p99; [Pareto: ...] marks")
+    assert listed[5] == "Pareto fronts: goodput vs E2E p99"
+    # what the mark means is said once, before the questions
+    assert text.count("[Pareto: ...] marks a configuration no other of its question beats") == 1
 
 
 def test_generative_cells_have_a_ttft_and_an_e2e_front(tmp_path):
@@ -732,7 +738,7 @@ def test_generative_cells_have_a_ttft_and_an_e2e_front(tmp_path):
     assert "  1. other max_num_seqs=16: goodput 12 req/s" in text
     assert text.count("[Pareto: TTFT, E2E]") == 1
     assert "lower than the winner's [Pareto: E2E]" in text
-    assert "Pareto fronts: goodput vs TTFT p99 and goodput vs E2E p99;" in text
+    assert "Pareto fronts: goodput vs TTFT p99 and goodput vs E2E p99\n" in text
     data = json.loads(rec.to_json(result))
     streaming = data["workloads"][0]
     assert streaming["fronts"] == ["ttft", "e2e"]
@@ -762,7 +768,7 @@ def test_a_workload_without_latency_figures_has_no_front(tmp_path):
     assert {c.pareto_absent for c in w.candidates} == {"no p99 latency figure"}
     text = rec.render(rec.recommend([tmp_path / "p"], parse_slos("e2e_p99=50ms")))
     assert "lost: no SLO applied; throughput 200 img/s is 33.3 % lower than the winner's" in text
-    assert "Pareto fronts: none (no configuration has both a rate and a p99 latency figure)" in text
+    assert "Pareto" not in text  # no front, no mark: nothing to explain
 
 
 def test_a_tie_on_goodput_goes_to_the_lower_latency(tmp_path):

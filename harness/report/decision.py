@@ -35,7 +35,7 @@ from harness.report.recommend.model import (
     param_text,
 )
 from harness.report.recommend.ranking import overlap
-from harness.report.recommend.render import describe, margin, pareto_mark, verdict
+from harness.report.recommend.render import also, describe, margin, pareto_mark, verdict
 from harness.results.reading import RunContents
 from harness.results.records import CellRecord
 
@@ -320,10 +320,13 @@ def _pick(c: Candidate, name: str, ctx: _Context, shared: bool) -> Pick:
 
 
 def _lost(w: WorkloadAdvice, labels: Mapping[int, str]) -> tuple[Lost, ...]:
+    """Each other configuration once, at its best measurement (what other runs measured
+    of it beside); the pick's own measurements in other runs are the pick again."""
+    pick = w.recommended.identity if w.recommended is not None else None
     others = [
-        Lost(labels[id(c)], verdict(c, w.recommended), pareto_mark(c, w.fronts))
-        for c in w.candidates
-        if c is not w.recommended
+        Lost(labels[id(c)], verdict(c, w.recommended) + also(rest), pareto_mark(c, w.fronts))
+        for c, *rest in ranking.configurations(w.candidates)
+        if c.identity != pick
     ]
     return (*others, *(_left_out(n) for n in w.not_considered))
 

@@ -15,7 +15,7 @@ import io
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,24 +181,68 @@ def entry_text(entry: Entry | None) -> str:
     return " · ".join(parts) + warn
 
 
-def _param_names(rows: Iterable[Row]) -> list[str]:
+def param_names(rows: Iterable[Row]) -> list[str]:
     return list(dict.fromkeys(k for r in rows for k, _ in r.params))
+
+
+def _plain(text: str) -> str:
+    return text
+
+
+def notes(
+    matrix: Matrix, strong: Callable[[str], str] = _plain, code: Callable[[str], str] = _plain
+) -> list[str]:
+    """What the matrix says before its tables (a run not complete, files left out,
+    repeats), worded once for every medium: ``strong`` and ``code`` mark its emphasis
+    and its command in that medium's syntax."""
+    out = []
+    if matrix.state != "complete":
+        out.append(strong(f"Run is {matrix.state}: some planned cells have no record."))
+    if matrix.skipped:
+        n = len(matrix.skipped)
+        out.append(strong(f"{n} damaged file(s) left out: see Skipped damaged files."))
+    if matrix.repeats > 1:
+        out.append(
+            f"Each cell was measured {matrix.repeats} times (--repeats), each time in a fresh"
+            " worker process; an entry shows one repeat: the first, or the first that went"
+            f" worst. {code('python -m harness compare')} judges changes on all of them."
+        )
+    return out
+
+
+SKIPPED_HEADING = "Skipped damaged files"
+SKIPPED_NOTE = "Left out with --skip-damaged; nothing in them is in the matrix above."
+
+
+def table_rows(rows: Sequence[Row], engines: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """One workload's table as plain text: its header (parameters, then the engines that
+    have a cell in it) and a row of cells per parameter combination."""
+    names = param_names(rows)
+    used = [e for e in engines if any(e in r.entries for r in rows)]
+    body = []
+    for row in rows:
+        params = dict(row.params)
+        cells = [format_param(params.get(n)) for n in names]
+        body.append(cells + [entry_text(row.entries.get(e)) for e in used])
+    return [*names, *used], body
+
+
+def warnings(matrix: Matrix) -> list[tuple[str, str]]:
+    """(cell id, its warnings) of each ok cell that has some, as plain text."""
+    found = []
+    for row in matrix.rows:
+        for engine in matrix.engines:
+            entry = row.entries.get(engine)
+            rec = entry.record if entry else None
+            if rec and rec.status is Status.OK and rec.validity and rec.validity.warnings:
+                found.append((rec.cell_id, "; ".join(rec.validity.warnings)))
+    return found
 
 
 def to_markdown(matrix: Matrix) -> str:
     lines = [f"# Result matrix: run {matrix.run_id}", ""]
-    if matrix.state != "complete":
-        lines += [f"**Run is {matrix.state}: some planned cells have no record.**", ""]
-    if matrix.skipped:
-        n = len(matrix.skipped)
-        lines += [f"**{n} damaged file(s) left out: see Skipped damaged files.**", ""]
-    if matrix.repeats > 1:
-        lines += [
-            f"Each cell was measured {matrix.repeats} times (--repeats), each time in a fresh"
-            " worker process; an entry shows one repeat: the first, or the first that went"
-            " worst. `python -m harness compare` judges changes on all of them.",
-            "",
-        ]
+    for note in notes(matrix, strong=lambda s: f"**{s}**", code=lambda s: f"`{s}`"):
+        lines += [note, ""]
     for workload in matrix.workloads():
         rows = [r for r in matrix.rows if r.workload == workload]
         lines += _workload_table(workload, rows, matrix.engines)
@@ -211,37 +255,23 @@ def _skipped(skipped: Sequence[Damaged]) -> list[str]:
     if not skipped:
         return []
     listed = [f"- {_escape_md(str(d.path))}: {_escape_md(d.why)}" for d in skipped]
-    note = "Left out with --skip-damaged; nothing in them is in the matrix above."
-    return ["## Skipped damaged files", "", note, "", *listed, ""]
+    return [f"## {SKIPPED_HEADING}", "", SKIPPED_NOTE, "", *listed, ""]
 
 
 def _workload_table(workload: str, rows: list[Row], engines: tuple[str, ...]) -> list[str]:
-    names = _param_names(rows)
-    used = [e for e in engines if any(e in r.entries for r in rows)]
-    header = [*names, *used]
+    header, body = table_rows(rows, engines)
     out = [f"## {workload}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        params = dict(row.params)
-        cells = [format_param(params.get(n)) for n in names]
-        cells += [entry_text(row.entries.get(e)) for e in used]
-        out.append("| " + " | ".join(_escape_md(c) for c in cells) + " |")
+    out += ["| " + " | ".join(_escape_md(c) for c in cells) + " |" for cells in body]
     return [*out, ""]
 
 
 def _warnings(matrix: Matrix) -> list[str]:
-    notes = []
-    for row in matrix.rows:
-        for engine in matrix.engines:
-            entry = row.entries.get(engine)
-            rec = entry.record if entry else None
-            if rec and rec.status is Status.OK and rec.validity and rec.validity.warnings:
-                why = _escape_md("; ".join(rec.validity.warnings))
-                notes.append(f"- (!) `{rec.cell_id}`: {why}")
-    return ["## Warnings", "", *notes, ""] if notes else []
+    found = [f"- (!) `{cell}`: {_escape_md(why)}" for cell, why in warnings(matrix)]
+    return ["## Warnings", "", *found, ""] if found else []
 
 
 def to_csv(matrix: Matrix) -> str:
-    names = _param_names(matrix.rows)
+    names = param_names(matrix.rows)
     labels: dict[str, None] = {}
     for row in matrix.rows:
         for entry in row.entries.values():

@@ -47,7 +47,9 @@ class Rate(Frozen):
 class Paired(Frozen):
     """A cell measuring two configurations side by side (a reduced precision and its
     reference): ``recommend`` ranks both, without SLO, the reference as
-    ``reference_label``."""
+    ``reference_label``: what that path measured ("fp32 reference path"; a leading
+    "its", as records have it, is dropped), shown as measured in the cell's own
+    configuration ("... (measured in the precision=int8 cell)")."""
 
     own: Rate
     reference: Rate

@@ -28,6 +28,7 @@ import pytest
 
 from harness.exceptions import UsageError
 from harness.load.progress import LIVE, LoadSnapshot
+from harness.results.records import PlannedCell, format_param
 from harness.results.redact import redact_text
 from harness.session.config import RunSettings
 from harness.session.execution import Dist, Isolation
@@ -139,6 +140,26 @@ def planned_runs(state: RunState, items: Sequence[pytest.Item]) -> int:
     )
 
 
+def cell_view(
+    nodeid: str, planned: PlannedCell, *, number: int, total: int, now: float, state: RunState
+) -> CellView:
+    """The cell as the display names it; a grid configuration may name a secret, so its
+    id and parameters are shown redacted."""
+    params = " ".join(f"{k}={format_param(v, none='none')}" for k, v in planned.params.items())
+    return CellView(
+        nodeid,
+        redact_text(planned.cell_id),
+        number,
+        total,
+        now,
+        state.repeat,
+        state.settings.repeats,
+        workload=planned.workload,
+        engine=planned.engine,
+        params=redact_text(params),
+    )
+
+
 class ProgressView:
     """The controller's half: numbers the cells as they start and shows the latest
     reading of the one in flight. Its display gets out of the reporter's way before each
@@ -179,10 +200,10 @@ class ProgressView:
             return
         number = self.numbers.setdefault((nodeid, state.repeat), len(self.numbers) + 1)
         now = self.now()
-        repeats = state.settings.repeats
-        cell_id = redact_text(planned.cell_id)  # a grid configuration may name a secret
         with self.lock:
-            self.view = CellView(nodeid, cell_id, number, self.total, now, state.repeat, repeats)
+            self.view = cell_view(
+                nodeid, planned, number=number, total=self.total, now=now, state=state
+            )
             self.reading = Reading(LoadSnapshot(), now)
             self.closed = False
             self.outcome = ""

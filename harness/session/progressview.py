@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.control import Control
 from rich.live import Live
 from rich.progress_bar import ProgressBar
@@ -30,8 +30,6 @@ PLAIN_EVERY_S = 10.0
 few enough to keep a CI log small."""
 RICH_REFRESH_HZ = 4.0
 BAR_WIDTH = 20
-MIN_TITLE = 24
-"""The cell's name keeps at least this many columns ("cell 3/12" and a start of its id)."""
 
 
 class Mode(enum.StrEnum):
@@ -68,12 +66,32 @@ class CellView:
     started: float
     repeat: int = 1
     repeats: int = 1
+    workload: str = ""
+    """The cell's workload and engine (empty: not known, the id names the cell)."""
+    engine: str = ""
+    params: str = ""
+    """Its parameters as ``k=v k=v``: what tells it from the cells around it."""
+
+    def _of(self) -> str:
+        return f"{self.index}/{self.total}" if self.total else f"{self.index}"
+
+    def _again(self) -> str:
+        return f" (repeat {self.repeat}/{self.repeats})" if self.repeats > 1 else ""
 
     @property
     def title(self) -> str:
-        of = f"{self.index}/{self.total}" if self.total else f"{self.index}"
-        again = f" (repeat {self.repeat}/{self.repeats})" if self.repeats > 1 else ""
-        return f"cell {of} {self.cell_id}{again}"
+        """``cell 3/12 ID``: the whole id, for a log line (which is never cut)."""
+        return f"cell {self._of()} {self.cell_id}{self._again()}"
+
+    @property
+    def heading(self) -> str:
+        """For the terminal: the parameters first, since they are what differs from one
+        cell to the next, then the workload and engine, once: ``rate=100 mode=none ·
+        batching on onnxruntime, cell 3/12``."""
+        if not self.workload:
+            return self.title
+        where = f"{self.workload} on {self.engine}, cell {self._of()}{self._again()}"
+        return f"{self.params} · {where}" if self.params else where
 
 
 @dataclass(frozen=True)
@@ -136,10 +154,11 @@ def _body(view: CellView, reading: Reading, now: float, final: bool, outcome: st
 
 
 def rich_line(view: CellView, reading: Reading, now: float, width: int) -> RenderableType:
-    """One line of ``width`` columns: the cell, a bar of its window's elapsed over planned
-    time (pulsing when there is no plan), the window, the counts and the cell's time.
-    Short of room, the cell's name is cut first (to ``MIN_TITLE``), then the bar goes,
-    then the end of the line is cut."""
+    """Two rows of ``width`` columns: the cell's heading (its parameters first; wrapped
+    onto another row, never cut, since the parameters are what tells cells apart), then
+    a bar of its window's elapsed over planned time (pulsing when there is no plan), the
+    window, the counts and the cell's time. Short of room, the bar goes first, then the
+    end of the second row is cut."""
     window = reading.window_s(now)
     planned = reading.load.planned_s
     known = window is not None and bool(planned)
@@ -147,13 +166,9 @@ def rich_line(view: CellView, reading: Reading, now: float, width: int) -> Rende
     if window is not None:
         detail += f"  {counts_text(reading.load)}"
     detail += f"  elapsed {_seconds(max(0.0, now - view.started))} s"
-    spare = width - MIN_TITLE - len(detail) - 2
-    bar_width = BAR_WIDTH if spare >= BAR_WIDTH else 0
-    title_room = width - len(detail) - 1 - (bar_width + 1 if bar_width else 0)
-    title_width = max(MIN_TITLE, min(len(view.title), title_room))
+    bar_width = BAR_WIDTH if width - len(detail) - 1 >= BAR_WIDTH else 0
     grid = Table.grid(padding=(0, 1))
-    grid.add_column(width=title_width, no_wrap=True)
-    cells: list[RenderableType] = [Text(view.title, overflow="ellipsis", no_wrap=True)]
+    cells: list[RenderableType] = []
     if bar_width:
         grid.add_column(width=bar_width, no_wrap=True)
         cells.append(
@@ -165,11 +180,10 @@ def rich_line(view: CellView, reading: Reading, now: float, width: int) -> Rende
                 animation_time=now,
             )
         )
-    rest = width - title_width - 1 - (bar_width + 1 if bar_width else 0)
-    grid.add_column(width=max(1, rest), no_wrap=True)
+    grid.add_column(width=max(1, width - (bar_width + 1 if bar_width else 0)), no_wrap=True)
     cells.append(Text(detail, overflow="ellipsis", no_wrap=True))
     grid.add_row(*cells)
-    return grid
+    return Group(Text(view.heading, overflow="fold"), grid)
 
 
 class Display(Protocol):

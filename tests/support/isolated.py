@@ -7,14 +7,18 @@ harness's own load generators, as real workloads do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from harness.results import store
 from harness.results.records import CellRecord
@@ -164,9 +168,70 @@ def run(
 
 
 def run_argv(root: Path, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv, cwd=root, env=env(), capture_output=True, text=True, timeout=timeout, check=False
+    with started(argv, root, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@contextlib.contextmanager
+def started(
+    argv: list[str], root: Path, environ: dict[str, str] | None = None, **popen: Any
+) -> Iterator[subprocess.Popen[str]]:
+    """``argv`` started as a shell in the foreground starts it, whatever started these tests;
+    on the way out (a timeout, a failed assertion) it and every process it started are
+    killed, so a failed test leaves no run behind.
+
+    A background job (``cmd &``, ``nohup``, many CI runners) gets SIGINT ignored, and an
+    ignored signal stays ignored through ``exec``: a controller started from here would
+    then never see the SIGINT a test sends it. Its own process group keeps a Ctrl-C at the
+    terminal for the test process, whose finalizer stops the tree.
+    """
+    proc = subprocess.Popen(
+        argv,
+        cwd=root,
+        env=environ or env(),
+        text=True,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_default_sigint,  # noqa: PLW1509 - one signal call, no locks taken
+        process_group=0,
+        **popen,
     )
+    try:
+        yield proc
+    finally:
+        stop_tree(proc)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def stop_tree(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL ``proc``, its process group and every descendant (workers start sessions of
+    their own, so the group alone misses them); then reap it."""
+    tree: list[psutil.Process] = []
+    if proc.returncode is None:  # not reaped yet: its pid (and group id) is not reused
+        with contextlib.suppress(psutil.Error):
+            tree = psutil.Process(proc.pid).children(recursive=True)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    for child in tree:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(tree, timeout=10)
+    with proc:  # closes its pipes and waits
+        pass
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored in this process, as a background shell or CI runner starts its jobs;
+    what is started meanwhile inherits that."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def can_unshare(flags: str, script: str) -> bool:

@@ -42,6 +42,10 @@ workload-specific comes from what each workload declared in its records
   recommended over its reference.
 * What competes is the engine, and the values of the parameters the workload declares
   as contenders (a preprocessing library: ``engine/backend``).
+* A configuration (engine, chosen parameters, path measured) that several runs measured
+  is one candidate with several measurements: placed where its best one ranks, the
+  others shown beside it, never ranked against itself; the runner-up is the best other
+  configuration.
 * Equal goodputs (or costs) are common: an open loop offers every configuration the
   same requests. The lower p99 TTFT, then E2E, wins the tie.
 * Each question has Pareto fronts (harness.report.pareto) of goodput (throughput
@@ -56,8 +60,10 @@ ones) has no cell meeting the SLO, or nothing at all could be recommended, and
 record in one (unless ``--skip-damaged`` leaves those out and lists them), a bad
 ``--slo``, cost or energy price, an unwritable ``--json`` path.
 
-Modules by job: ``model`` (what a recommendation says, as data), ``evidence`` (the
-records read and each cell judged against the SLO), ``ranking`` (the questions, the
+The text leads with the decisions (one line per question), then what has no answer
+(no valid cell: one line per workload, each cause once), then each answered question's
+details. Modules by job: ``model`` (what a recommendation says, as data), ``evidence``
+(the records read and each cell judged against the SLO), ``ranking`` (the questions, the
 figure each is ranked by, the verdicts, the Pareto fronts) and ``render`` (text and
 JSON). The command line is in harness.cli; the HTML report's Decision
 (harness.report.decision) lays the same answer out.

@@ -28,6 +28,7 @@ from harness.results import reading
 from harness.results.environment import hardware
 from harness.results.reading import RunContents
 from harness.results.records import CellRecord, Status, format_param
+from harness.results.redact import MASK, is_secret_name
 from harness.results.reportspec import Rate, ReportSpec
 
 # Below this share of the offered rate a point is saturated (the knee rule's own bound).
@@ -52,6 +53,8 @@ class RunCell:
     """The run's ``--model`` (None: the embedded default)."""
     spec: ReportSpec
     """What the workload declared for reports (the record's, else the planned cell's)."""
+    options: tuple[tuple[str, str], ...] = ()
+    """The run's ``--engine-opt`` values for its engine: part of its configuration."""
 
 
 def cells_of(run: RunContents) -> list[RunCell]:
@@ -60,6 +63,7 @@ def cells_of(run: RunContents) -> list[RunCell]:
     by_id = {r.cell_id: r for r in run.records}
     model = manifest.settings.get("model")
     model = None if model is None else str(model)
+    options = _engine_options(manifest.settings.get("engine_options"))
     cells = []
     for planned in manifest.planned:
         rec = by_id.get(planned.cell_id)
@@ -77,9 +81,24 @@ def cells_of(run: RunContents) -> list[RunCell]:
                 env,
                 model,
                 spec,
+                options.get(planned.engine, ()),
             )
         )
     return cells
+
+
+def _engine_options(found: object) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Each engine's ``--engine-opt`` values as the manifest has them (masked where the
+    option's name says it holds a secret: the text is published)."""
+    if not isinstance(found, dict):
+        return {}
+    return {
+        str(engine): tuple(
+            (str(k), MASK if is_secret_name(str(k)) else str(v)) for k, v in sorted(opts.items())
+        )
+        for engine, opts in found.items()
+        if isinstance(opts, dict)
+    }
 
 
 def _environment(manifest_env: Mapping[str, Any], rec: CellRecord | None) -> Mapping[str, Any]:
@@ -273,6 +292,7 @@ def _base(cell: RunCell, record: CellRecord) -> dict[str, Any]:
         "params": cell.params,
         "warnings": tuple(warnings),
         "scenario_keys": cell.spec.scenario,
+        "engine_options": cell.options or None,
     }
 
 

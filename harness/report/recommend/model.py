@@ -179,6 +179,14 @@ class Candidate:
     scenario_keys: tuple[str, ...] = field(default=(), metadata={"json": False})
     """The parameters that pose the question (the workload's declared scenario): not
     part of the configuration. Not written to JSON: the question's scenario is."""
+    engine_options: tuple[tuple[str, str], ...] | None = field(default=None, metadata=IF_SET)
+    """The ``--engine-opt`` values its run fixed for its engine (None: none), part of its
+    configuration: two runs with other options measured other configurations."""
+    configuration_rank: int | None = None
+    """The place of its configuration in its question (1: the recommended one, where
+    one is): the same configuration measured in several runs (or repeats) is one
+    candidate with several measurements, each of them holding the same rank; None
+    before the question is ranked."""
 
     def __post_init__(self) -> None:
         if self.throughput < 0 or (self.goodput is not None and self.goodput < 0):
@@ -230,14 +238,37 @@ class Candidate:
     def missed(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if not c.met)
 
+    @property
+    def chosen(self) -> Params:
+        """Its parameters less those that pose the question: what was chosen."""
+        return tuple((k, v) for k, v in self.params if k not in self.scenario_keys)
+
+    @property
+    def identity(self) -> tuple[object, ...]:
+        """What makes it one configuration, whichever run measured it: the engine, the
+        chosen parameters, the path measured and the engine options (a load search's
+        load is a result)."""
+        return (self.engine, self.chosen, self.variant, self.engine_options)
+
     def configuration(self) -> str:
-        chosen = tuple((k, v) for k, v in self.params if k not in self.scenario_keys)
-        parts = [param_text(chosen)] if chosen else []
+        """``mode=dynamic batch=8``, a search's ``at load 1000 req/s``; the second path a
+        cell measured is named by what it measured: ``fp32 reference path (measured in
+        the precision=int8 cell)``."""
+        chosen = param_text(self.chosen)
+        if self.variant is not None:
+            # a label written as "its fp32 reference path" (the records say so) reads
+            # as the thing measured once the cell it belongs to follows it
+            path = self.variant.removeprefix("its ")
+            return f"{path} (measured in the {chosen} cell)" if chosen else path
+        parts = [chosen] if chosen else []
         if self.load is not None and self.load_unit is not None:
             parts.append(f"at load {fmt_number(self.load)} {self.load_unit}")
-        if self.variant is not None:
-            parts.append(f"[{self.variant}]")
         return " ".join(parts) or "(no parameters)"
+
+    def options_text(self) -> str:
+        """``--engine-opt k=v ...`` of its run (empty: none): said where two
+        configurations would otherwise read alike."""
+        return " ".join(f"--engine-opt {k}={v}" for k, v in self.engine_options or ())
 
 
 @dataclass(frozen=True)
@@ -296,6 +327,9 @@ class WorkloadAdvice:
             raise ValueError("the recommendation is the best candidate meeting the SLO")
         if self.runner_up is not None and (self.recommended is None or not self.runner_up.meets):
             raise ValueError("a runner-up meets the SLO and comes after a recommendation")
+        r, u = self.recommended, self.runner_up
+        if u is not None and r is not None and u.identity == r.identity:
+            raise ValueError("a runner-up is another configuration, not a repeat of it")
         if any(not set(c.pareto) <= set(self.fronts) for c in self.candidates):
             raise ValueError("a candidate is Pareto-optimal only on its question's fronts")
 

@@ -269,6 +269,33 @@ def why_missed(c: Candidate) -> str:
     return "; ".join([*([c.blocker] if c.blocker else []), *(x.text() for x in c.missed)])
 
 
+def _rank_configurations(ranked: Sequence[Candidate]) -> list[Candidate]:
+    """Each measurement marked with its configuration's place: the same configuration
+    from several runs is one candidate, placed where its best measurement is, and never
+    ranked against itself."""
+    places: dict[tuple[object, ...], int] = {}
+    for c in ranked:
+        places.setdefault(c.identity, len(places) + 1)
+    return [dataclasses.replace(c, configuration_rank=places[c.identity]) for c in ranked]
+
+
+def _runner_up(meeting: Sequence[Candidate]) -> Candidate | None:
+    """The best configuration meeting the SLO after the winner's own (its measurements
+    in other runs are the winner again, not a runner-up)."""
+    if not meeting:
+        return None
+    return next((c for c in meeting if c.identity != meeting[0].identity), None)
+
+
+def configurations(candidates: Sequence[Candidate]) -> list[list[Candidate]]:
+    """The measurements of each configuration, in rank order (the first one of each is
+    its best, and the one it is ranked by)."""
+    groups: dict[tuple[object, ...], list[Candidate]] = {}
+    for c in candidates:
+        groups.setdefault(c.identity, []).append(c)
+    return list(groups.values())
+
+
 def _engine_verdict(
     engine: str,
     ranked: Sequence[Candidate],
@@ -284,7 +311,8 @@ def _engine_verdict(
         return EngineVerdict(engine, best, "recommended")
     if best.meets and winner is not None:
         return EngineVerdict(engine, best, beaten(best, winner))
-    tried = "its only configuration" if len(own) == 1 else f"all {len(own)} configurations"
+    n = len(configurations(own))
+    tried = "its only configuration" if n == 1 else f"all {n} configurations"
     what = "the SLO" if any(c.checks for c in own) else "what a recommendation needs"
     return EngineVerdict(engine, best, f"misses {what} in {tried}; closest: {why_missed(best)}")
 
@@ -304,6 +332,7 @@ def _advise(
     ranked = sorted((_priced(c, figure, prices) for c in found), key=lambda c: _rank_key(c, figure))
     ranked = _settle_goodput_ties(ranked, figure)
     ranked, fronts = _mark_fronts(ranked)
+    ranked = _rank_configurations(ranked)
     meeting = [c for c in ranked if c.meets]
     winner = meeting[0] if meeting else None
     engines = list(dict.fromkeys([*(c.engine for c in ranked), *(n.engine for n in left)]))
@@ -316,7 +345,7 @@ def _advise(
         slos_not_applicable=tuple(slo_text(s) for s in slos if s not in applied),
         ranked_by=figure.label,
         recommended=winner,
-        runner_up=meeting[1] if len(meeting) > 1 else None,
+        runner_up=_runner_up(meeting),
         engines=tuple(_engine_verdict(e, ranked, left, winner) for e in engines),
         candidates=tuple(ranked),
         not_considered=left,

@@ -25,6 +25,7 @@ from harness.report.recommend.model import (
 from harness.report.recommend.ranking import (
     TIE,
     beaten,
+    configurations,
     cost_difference,
     decided_by,
     overlap,
@@ -33,6 +34,12 @@ from harness.report.recommend.ranking import (
     why_missed,
 )
 from harness.results import reading
+
+SCHEMA_VERSION = 2
+"""Of ``recommend --json``. 2: each candidate's ``configuration_rank`` (the measurements
+of one configuration from several runs share it), ``runner_up`` the best other
+configuration (before, the winner's own measurement in another run could be it), a
+second path's ``configuration`` named by what it measured; 1 (no field): before."""
 
 # --------------------------------------------------------------------------- output
 
@@ -60,38 +67,152 @@ def ci_text(ci: tuple[float | None, float | None] | None) -> str:
     return f" [95% {lo}, {hi}]"
 
 
-def named(c: Candidate, several_runs: bool) -> str:
-    """Engine, configuration and (when several runs are read) which run."""
+def named(c: Candidate, several_runs: bool, among: Sequence[Candidate] = ()) -> str:
+    """Engine, configuration and (when several runs are read) which run; its run's
+    engine options too where another configuration ``among`` its question's would
+    read the same without them (runs made with other ``--engine-opt``)."""
     run = f" [run {c.run_id}]" if several_runs else ""
-    return f"{c.engine} {c.configuration()}{run}"
+    name = f"{c.engine} {c.configuration()}"
+    alike = any(
+        (x.engine, x.configuration()) == (c.engine, c.configuration()) and x.identity != c.identity
+        for x in among
+    )
+    options = f" ({c.options_text() or 'no --engine-opt'})" if alike else ""
+    return f"{name}{options}{run}"
+
+
+def brief(c: Candidate) -> str:
+    """One measurement in short: its rate, what blocks it, each SLO with its value."""
+    rate = c.goodput if c.goodput is not None else c.throughput
+    blocker = [c.blocker] if c.blocker else []
+    return ", ".join(
+        [f"{figure_name(c)} {fmt_number(rate)} {c.unit}", *blocker, *(x.text() for x in c.checks)]
+    )
+
+
+def repeats(w: WorkloadAdvice, c: Candidate) -> list[Candidate]:
+    """The other measurements of ``c``'s configuration (other runs, or repeats)."""
+    return [x for x in w.candidates if x.identity == c.identity and x is not c]
+
+
+def _times(n: int) -> str:
+    return "twice" if n == 2 else f"{n} times"
+
+
+def also(others: Sequence[Candidate]) -> str:
+    """What other runs measured of a configuration, to follow its best measurement."""
+    return "".join(f"; also measured in run {x.run_id}: {brief(x)}" for x in others)
+
+
+def why_none(w: WorkloadAdvice) -> str:
+    if not w.candidates:
+        return "no valid cell to recommend from"
+    return "no valid cell meets the SLO" if w.slos_applied else "no valid cell can be recommended"
+
+
+# --------------------------------------------------------------------------- the lead
+
+
+def _decision(w: WorkloadAdvice, where: str) -> str:
+    """A question's answer in one line: what to run, or that nothing can be."""
+    r = w.recommended
+    if r is None:
+        return f"  {w.title}{where}: NO RECOMMENDATION: {why_none(w)}"
+    figures = [f"{figure_name(r)} {fmt_number(r.goodput or 0.0)} {r.unit}"]
+    if r.cost is not None:
+        figures.append(f"{fmt_number(r.cost.amount)} per {r.cost.per}")
+    n = 1 + len(repeats(w, r))
+    if n > 1:
+        figures.append(f"measured {_times(n)}")
+    return f"  {w.title}{where}: {named(r, False, w.candidates)} ({', '.join(figures)})"
+
+
+def _decisions(rec: Recommendation, several_machines: bool) -> list[str]:
+    answered = [w for w in rec.workloads if w.candidates]
+    if not answered:
+        return []
+    lines = ["decisions (each explained below):"]
+    lines += [_decision(w, _where(w, several_machines)) for w in answered]
+    return lines
+
+
+def _where(w: WorkloadAdvice, several_machines: bool) -> str:
+    return f" on {w.hardware}" if several_machines else ""
+
+
+def _no_answer(rec: Recommendation, several_machines: bool) -> list[str]:
+    """Questions with no valid cell at all, one line per workload (and machine): what
+    happened to its cells and why, each cause once however many cells and runs share it."""
+    groups: dict[tuple[str, str], list[WorkloadAdvice]] = {}
+    for w in rec.workloads:
+        if not w.candidates:
+            groups.setdefault((w.workload, w.hardware), []).append(w)
+    if not groups:
+        return []
+    answered = {(w.workload, w.hardware) for w in rec.workloads if w.candidates}
+    lines = ["no answer (no valid cell was measured):"]
+    for (workload, hardware), questions in groups.items():
+        # the workload's name says it all unless some of its questions have an answer
+        some = (workload, hardware) in answered
+        label = ", ".join(w.title for w in questions) if some else workload
+        where = f" on {hardware}" if several_machines else ""
+        left = [n for w in questions for n in w.not_considered]
+        lines.append(f"  {label}{where}: {_left_out_summary(left)}")
+    return lines
+
+
+def _left_out_summary(left: Sequence[NotConsidered]) -> str:
+    """What happened to cells left out: each status and cause once, with the engines,
+    how many cells and how many runs share it."""
+    groups: dict[tuple[str, tuple[str, ...]], tuple[dict[str, None], set[str], set[str]]] = {}
+    for n in left:
+        engines, cells, runs = groups.setdefault((n.status, n.reasons), ({}, set(), set()))
+        engines[n.engine] = None
+        cells.add(f"{n.engine} {param_text(n.params)}")
+        runs.add(n.run_id)
+    parts = []
+    for (status, reasons), (engines, cells, runs) in groups.items():
+        count = f"{len(cells)} cell{'' if len(cells) == 1 else 's'}"
+        count += f" in {len(runs)} runs" if len(runs) > 1 else ""
+        parts.append(f"{', '.join(engines)} {status} ({count}): {'; '.join(reasons)}")
+    return " | ".join(parts)
+
+
+# --------------------------------------------------------------------------- the details
 
 
 def _render_workload(w: WorkloadAdvice, several_machines: bool, several_runs: bool) -> list[str]:
-    where = f" on {w.hardware}" if several_machines else ""
-    lines = [f"== {w.title}{where} =="]
-    if w.candidates:
-        lines += _render_slos(w)
-        lines.append(f"ranked by: {w.ranked_by}")
+    lines = [f"== {w.title}{_where(w, several_machines)} =="]
+    lines += _render_slos(w)
+    lines.append(f"ranked by: {w.ranked_by}")
     if w.energy_note is not None:
         lines.append(w.energy_note)
     lines += _render_pick(w, several_runs)
-    lines += _render_engines(w, several_runs)
+    if len(w.engines) > 1:  # with one engine its best is the pick (or the closest) above
+        lines += _render_engines(w, several_runs)
     lines += _render_all(w, several_runs)
-    lines += _render_left_out(w.not_considered)
+    lines += _render_left_out(w)
     return [*lines, ""]
 
 
-def _render_left_out(left: Sequence[NotConsidered]) -> list[str]:
-    """Cells left out, those of one engine with the same status and reasons together."""
-    groups: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
-    for n in left:
-        groups.setdefault((n.engine, n.status, n.reasons), []).append(param_text(n.params))
+def _render_left_out(w: WorkloadAdvice) -> list[str]:
+    """Cells left out, those of one engine with the same status and reasons together,
+    named by their configuration (the question's scenario is in its title), each once
+    however many runs have it."""
+    asked = {k for k, _ in w.scenario}
+    groups: dict[tuple[str, str, tuple[str, ...]], tuple[dict[str, None], set[str]]] = {}
+    for n in w.not_considered:
+        configs, runs = groups.setdefault((n.engine, n.status, n.reasons), ({}, set()))
+        configs[param_text(tuple((k, v) for k, v in n.params if k not in asked))] = None
+        runs.add(n.run_id)
     lines = ["not considered:"] if groups else []
-    for (engine, status, reasons), configs in groups.items():
-        named = f"{engine} {configs[0]}".strip()
-        if len(configs) > 1:
-            named = f"{engine} ({len(configs)} cells: {', '.join(configs)})"
-        lines.append(f"  {named}: {status}: {'; '.join(reasons)}")
+    for (engine, status, reasons), (configs, runs) in groups.items():
+        listed = list(configs)
+        named = f"{engine} {listed[0]}".strip()
+        if len(listed) > 1:
+            named = f"{engine} ({len(listed)} cells: {', '.join(listed)})"
+        in_runs = f" (in {len(runs)} runs)" if len(runs) > 1 else ""
+        lines.append(f"  {named}: {status}{in_runs}: {'; '.join(reasons)}")
     return lines
 
 
@@ -107,9 +228,15 @@ def _render_slos(w: WorkloadAdvice) -> list[str]:
 def _render_pick(w: WorkloadAdvice, several_runs: bool) -> list[str]:
     r = w.recommended
     if r is None:
-        why = "no valid cell meets the SLO" if w.candidates else "no valid cell to recommend from"
-        return [f"NO RECOMMENDATION: {why}"]
-    lines = [f"RECOMMENDED: {named(r, several_runs)}: {describe(r)}"]
+        lines = [f"NO RECOMMENDATION: {why_none(w)}"]
+        if len(configurations(w.candidates)) == 1:  # else the list below has them all
+            closest = w.candidates[0]
+            name = named(closest, several_runs, w.candidates)
+            lines.append(f"closest: {name}: {brief(closest)}")
+            lines += [f"  also measured in run {x.run_id}: {brief(x)}" for x in repeats(w, closest)]
+        return lines
+    lines = [f"RECOMMENDED: {named(r, several_runs, w.candidates)}: {describe(r)}"]
+    lines += [f"  also measured in run {x.run_id}: {brief(x)}" for x in repeats(w, r)]
     lines.append(f"  method: {METHODS[r.method]}")
     if r.warnings:
         lines.append(f"  (!) warnings: {'; '.join(r.warnings)}")
@@ -117,7 +244,8 @@ def _render_pick(w: WorkloadAdvice, several_runs: bool) -> list[str]:
     if u is None:
         other = "meets the SLO" if w.slos_applied else "is valid"
         return [*lines, f"runner-up: none (no other configuration {other})"]
-    return [*lines, f"runner-up: {named(u, several_runs)}: {describe(u)} ({gap(u, r)})"]
+    who = named(u, several_runs, w.candidates)
+    return [*lines, f"runner-up: {who}: {describe(u)} ({gap(u, r)})"]
 
 
 def gap(u: Candidate, r: Candidate) -> str:
@@ -144,7 +272,7 @@ def margin(u: Candidate, r: Candidate) -> str:
 def _render_engines(w: WorkloadAdvice, several_runs: bool) -> list[str]:
     lines = ["by engine (best configuration of each):"]
     for v in w.engines:
-        who = named(v.best, several_runs) if v.best else v.engine
+        who = named(v.best, several_runs, w.candidates) if v.best else v.engine
         lines.append(f"  {who}: {v.verdict}")
     return lines
 
@@ -175,37 +303,44 @@ def pareto_mark(c: Candidate, fronts: Sequence[str]) -> str:
 
 
 def _render_all(w: WorkloadAdvice, several_runs: bool) -> list[str]:
-    if len(w.candidates) < 2:  # one candidate is already shown above
+    """Every configuration, best first, each once: its best measurement (the one it is
+    ranked by), then what its other runs measured."""
+    groups = configurations(w.candidates)
+    if len(groups) < 2:  # one configuration is already shown above
         return []
     lines = ["all configurations (best first):"]
-    for i, c in enumerate(w.candidates, start=1):
+    for i, (c, *others) in enumerate(groups, start=1):
         said = verdict(c, w.recommended)
         if c.meets:
             said = describe(c) + ("" if c is w.recommended else f"; {said}")
-        lines.append(f"  {i}. {named(c, several_runs)}: {said}{pareto_mark(c, w.fronts)}")
-    return [*lines, _fronts_line(w)]
+        mark = pareto_mark(c, w.fronts)
+        who = named(c, several_runs, w.candidates)
+        lines.append(f"  {i}. {who}: {said}{mark}{also(others)}")
+    return [*lines, *_fronts_line(w)]
 
 
-def _fronts_line(w: WorkloadAdvice) -> str:
+def _fronts_line(w: WorkloadAdvice) -> list[str]:
+    """The Pareto planes of the question (none where no configuration has both a rate
+    and a p99 latency: its list then has no marks)."""
     if not w.fronts:
-        return "Pareto fronts: none (no configuration has both a rate and a p99 latency figure)"
+        return []
     rate = "goodput" if w.slos_applied else "throughput"
-    planes = " and ".join(f"{rate} vs {pareto.NAMES[m]} p99" for m in w.fronts)
-    return (
-        f"Pareto fronts: {planes}; [Pareto: ...] marks a configuration no other beats on"
-        " both (at least its rate and at most its p99, one of them strictly)"
-    )
+    return [f"Pareto fronts: {' and '.join(f'{rate} vs {pareto.NAMES[m]} p99' for m in w.fronts)}"]
+
+
+PARETO_LEGEND = (
+    "[Pareto: ...] marks a configuration no other of its question beats on both its rate"
+    " and that p99 latency (at least its rate and at most its p99, one of them strictly)"
+)
 
 
 def render(rec: Recommendation) -> str:
-    """The recommendation as text; the same input gives the same bytes."""
+    """The recommendation as text, the decisions first; the same input gives the same
+    bytes."""
     cost = f"; machine cost {rec.gpu_hour_cost:g} per hour" if rec.gpu_hour_cost else ""
     if rec.energy_price:
         cost += f"; GPU energy {rec.energy_price:g} per kWh"
     lines = [f"Recommendation for SLO {', '.join(rec.slos) or '(none)'}{cost}"]
-    for run in rec.runs:
-        state = "" if run.state == "complete" else f" (run is {run.state}: cells may be missing)"
-        lines.append(f"run {run.run_id}: {run.path}{state}")
     lines += reading.skipped_lines(rec.skipped)
     several = len(rec.hardware) > 1
     if several:
@@ -215,9 +350,20 @@ def render(rec: Recommendation) -> str:
         )
     else:
         lines.append(f"machine: {rec.hardware[0] if rec.hardware else 'unknown hardware'}")
-    lines.append("")
+    if len(rec.runs) > 1:
+        lines.append(
+            f"{len(rec.runs)} runs (listed at the end): a configuration several of them"
+            " measured is one candidate, ranked on its best measurement, the others beside it"
+        )
+    lines += ["", *_decisions(rec, several), *_no_answer(rec, several), ""]
+    if any(w.fronts for w in rec.workloads if w.candidates):
+        lines += [PARETO_LEGEND, ""]
     for w in rec.workloads:
-        lines += _render_workload(w, several, len(rec.runs) > 1)
+        if w.candidates:
+            lines += _render_workload(w, several, len(rec.runs) > 1)
+    for run in rec.runs:
+        state = "" if run.state == "complete" else f" (run is {run.state}: cells may be missing)"
+        lines.append(f"run {run.run_id}: {run.path}{state}")
     lines.append(_summary(rec))
     return "\n".join(lines).rstrip() + "\n"
 
@@ -243,7 +389,8 @@ def _plain(value: Any) -> Any:
                 f.metadata.get("json") == "if set" and item is None
             ):
                 continue
-            out[f.name] = _plain(dict(item) if f.name in ("params", "scenario") else item)
+            pairs = f.name in ("params", "scenario", "engine_options")
+            out[f.name] = _plain(dict(item) if pairs and item is not None else item)
         if isinstance(value, Candidate):
             out |= {"meets": value.meets, "configuration": value.configuration()}
         return out
@@ -260,5 +407,6 @@ def _plain(value: Any) -> Any:
 
 def to_json(rec: Recommendation) -> bytes:
     """Stable bytes: field order is the types', list order the ranking's."""
-    data = _plain(rec) | {"exit_code": rec.exit_code, "methods": METHODS}
+    data = {"schema_version": SCHEMA_VERSION, **_plain(rec)}
+    data |= {"exit_code": rec.exit_code, "methods": METHODS}
     return (json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
