@@ -25,13 +25,13 @@ from harness.report import matrix
 from harness.results import store
 from harness.results.records import Status
 from harness.results.redact import redact_text
-from harness.session import benchbridge, progress
+from harness.session import benchbridge, failtext, keywords, neighbours, progress, summary
 from harness.session.cell import REPORT_SPEC_MARK, Cell
 from harness.session.config import RunSettings, check_writable_dir
 from harness.session.execution import Dist, Isolation
 from harness.session.opening import merge_options, start_info
-from harness.session.options import add_options, check_rootdir, settings_from
-from harness.session.outcome import RunExit, run_exit
+from harness.session.options import OPTION_NAMES, add_options, check_rootdir, settings_from
+from harness.session.outcome import run_exit
 from harness.session.passes import run_isolated
 from harness.session.pool import EnginePool, NewEngineInstance
 from harness.session.resume import Resume, resumable, select_for_resume
@@ -62,6 +62,8 @@ RESTORE_SIGTERM = pytest.StashKey[Any]()
 SHARED = pytest.StashKey["Shared"]()
 RECORDED = pytest.StashKey[bool]()
 TELEMETRY = pytest.StashKey[Telemetry]()
+COLLECTED_AT = pytest.StashKey[int]()
+COLLECTED = pytest.StashKey[bool]()
 
 NO_RESULT = "the workload ended without reporting a result (Cell.finish was never called)"
 
@@ -111,7 +113,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def _configure(config: pytest.Config) -> None:
     if not config.getoption("harness_worker"):
         check_rootdir(config)
+    neighbours.check_configure(config, OPTION_NAMES)
+    neighbours.watch_xdist(config)
     settings = settings_from(config)
+    keywords.accept_cell_id_spelling(config)
     config.stash[SETTINGS] = settings
     progress.register(config, settings, lambda: config.stash.get(RUN, None))
     spec_path = config.getoption("harness_worker")
@@ -153,6 +158,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return keywords.header(config)
+
+
 def settings_of(config: pytest.Config) -> RunSettings:
     return config.stash[SETTINGS]
 
@@ -179,12 +188,42 @@ def pytest_collection(session: pytest.Session) -> bool | None:
     return True
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Remember the collection order, which the run keeps (``pytest_collection_modifyitems``)."""
+    seen = item.config.stash.get(COLLECTED_AT, 0)
+    item.config.stash[COLLECTED_AT] = item.stash[COLLECTED_AT] = seen + 1
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True, specname="pytest_collection_modifyitems")
+def pytest_collection_accepted(config: pytest.Config) -> Generator[None, None, None]:
+    """A run starts only once every plugin has accepted the collection: a bad ``-k``
+    expression (pytest's usage error) is raised after collection, yet before
+    ``pytest_collection_finish``, which pytest calls whatever happened."""
+    config.stash[COLLECTED] = False
+    yield
+    config.stash[COLLECTED] = True
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group cells by engine, in ``--engine`` order, so each engine starts once and runs
-    alone (a server or engine of the next one is not yet up and polling). Resuming, keep
-    only the run's planned cells that have no ok record."""
+    alone (a server or engine of the next one is not yet up and polling); within an
+    engine, cells keep their collection order whatever reordered them (pytest-randomly).
+    Resuming, keep only the run's planned cells that have no ok record."""
     settings = settings_of(config)
-    items.sort(key=lambda item: run_order(settings, item))  # stable sort
+    cells = [item for item in items if is_cell(item)]
+    if cells and neighbours.drop_cells_in_xdist_worker(config, items, cells):
+        cells = []
+    if cells:
+        neighbours.check_cells(config, cells)
+        if WORKER in config.stash:
+            neighbours.unbind_timeouts(config, cells)
+        keywords.add_cell_ids(cells, lambda item: planned_cell(cast(pytest.Function, item)))
+
+    def order(item: pytest.Item) -> tuple[int, int, int]:
+        return (*run_order(settings, item), item.stash.get(COLLECTED_AT, 0))
+
+    items.sort(key=order)  # stable sort: tests that are not cells keep their order
     only = config.getoption("harness_only")
     if only:  # a Ray node runs one cell of the driver's run (harness.dist.remotecell)
         config.hook.pytest_deselected(items=[i for i in items if i.nodeid != only])
@@ -198,8 +237,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     config = session.config
     cells = [cast(pytest.Function, item) for item in session.items if is_cell(item)]
-    if config.option.collectonly:
-        return
+    if config.option.collectonly or not config.stash.get(COLLECTED, False):
+        return  # listing only, or a usage error after collection: no run to write
+    if cells:  # again: a conftest's own modifyitems may have marked cells flaky since
+        neighbours.check_cells(config, cells)
     worker = config.stash.get(WORKER, None)
     resume = config.stash.get(RESUME, None)
     settings = settings_of(config)
@@ -219,7 +260,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             and not all(state.done(c.cell_id, r) for r in range(1, settings.repeats + 1))
         ]
     elif cells:
-        state = start_run(settings, [planned_cell(item) for item in cells])
+        planned = [planned_cell(item) for item in cells]
+        state = start_run(settings, planned, neighbours.active(config))
     else:
         return
     config.stash[RUN] = state
@@ -413,6 +455,8 @@ def pytest_runtest_makereport(
         return rep
     if rep.when == "call" or (rep.when == "setup" and not rep.passed):
         _record(item, state, rep, call)
+        if WORKER not in item.config.stash:  # a worker's log keeps its tracebacks
+            failtext.shorten_in_process(rep, state.run_dir / store.LOGS)
     elif rep.when == "teardown" and rep.failed:
         state.incident(f"{item.nodeid}: {_why(rep)}")
     return rep
@@ -544,50 +588,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(RUN, None)
-    if state is None or WORKER in config.stash:
-        return
-    counts: dict[str, int] = {}
-    for status in state.written.values():
-        counts[status.value] = counts.get(status.value, 0) + 1
-    tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no cells finished"
-    terminalreporter.section("harness result matrix")
-    md = state.run_dir / "matrix.md"
-    if md.is_file():
-        terminalreporter.write(md.read_text())
-    terminalreporter.write_line(f"cells: {tally}")
-    for text in state.incidents:
-        terminalreporter.write_line(redact_text(f"INCIDENT: {text}"), red=True)
-    if state.missing:
-        terminalreporter.write_line(
-            "resume: planned cells not collected this time: " + ", ".join(state.missing)
-        )
-    if state.fatal_error:
-        terminalreporter.write_line(redact_text(f"RUN STOPPED: {state.fatal_error}"), red=True)
-    terminalreporter.write_line(f"run directory: {state.run_dir}")
-    _explain_exit(terminalreporter, state)
-
-
-def _explain_exit(terminalreporter: Any, state: RunState) -> None:
-    """Say why a run that pytest would call passed exits non-zero."""
-    missing = state.unrecorded
-    invalid = sorted(c for c, s in state.written.items() if s is Status.INVALID)
-    if missing and not state.missing:  # resume already listed the ones not collected
-        terminalreporter.write_line(
-            f"INCOMPLETE: {len(missing)} planned cell(s) have no record: " + ", ".join(missing),
-            red=True,
-        )
-    if missing:
-        terminalreporter.write_line(
-            f"exit status {int(RunExit.INCOMPLETE)} unless a worse one applies; finish the run"
-            f" with --resume {state.run_dir}",
-            red=True,
-        )
-    if invalid:
-        terminalreporter.write_line(
-            f"INVALID: {len(invalid)} cell(s) measured outside the profile's bounds (exit status"
-            f" {int(RunExit.INVALID)} unless a worse one applies): " + ", ".join(invalid),
-            yellow=True,
-        )
+    if state is not None and WORKER not in config.stash:
+        summary.write(terminalreporter, state)
 
 
 __all__ = ["OpenEngine", "RunSettings", "settings_of"]

@@ -293,3 +293,13 @@ def test_every_sample_is_one_round():
     assert as_json["fullname"] == "w.py::test_x[fake-a]"
     assert as_json["param"] == "fake-a"
     assert as_json["extra_info"]["samples"] == "e2e"
+
+
+def test_the_bridge_can_be_held_in_a_set_as_pluggy_holds_plugins():
+    """A plain @dataclass has no hash: with pytest-randomly beside pytest-benchmark,
+    pluggy's subset_hook_caller put the bridge in a set and the session died
+    (INTERNALERROR TypeError: unhashable type: 'Bridge')."""
+    from harness.session.benchbridge import Bridge  # noqa: PLC0415
+
+    bridge = Bridge(lambda: None, False)
+    assert bridge in {bridge}

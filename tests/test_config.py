@@ -106,15 +106,15 @@ def test_clients_on_ray_is_validated_at_configuration(monkeypatch):
     on_cluster = settings(**two, clients_on="ray", dist=Distribution(address="10.0.0.1:6379"))
     assert on_cluster.clients_on is ClientsOn.RAY
     assert on_cluster.to_json()["clients_on"] == "ray"
-    # a --dist=ray node: the cluster it runs on comes in RAY_ADDRESS
+    # a --cells-on=ray node: the cluster it runs on comes in RAY_ADDRESS
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert settings(**two, clients_on="ray").clients_on is ClientsOn.RAY
     assert settings(**two).clients_on is ClientsOn.LOCAL
 
 
 def test_ray_address_without_dist_ray_only_for_clients_on_ray(monkeypatch):
-    args = dict(mode="no", cpus_per_cell=1.0, gpus_per_cell=1.0, retries=2, python=None)
-    with pytest.raises(UsageError, match="only applies with --dist=ray or --clients-on=ray"):
+    args = dict(mode="local", cpus_per_cell=1.0, gpus_per_cell=1.0, retries=2, python=None)
+    with pytest.raises(UsageError, match="only applies with --cells-on=ray or --clients-on=ray"):
         parse_dist(**args, address="h:1", isolation="process")
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -20,6 +20,7 @@ from engines import trt_profiles
 from engines.onnxruntime import provider_list
 from engines.tensorrt import TensorRTEngine, build_plan
 from harness.engine import EngineError, GenerationRequest, TensorSpec, registry
+from harness.session.outcome import RunExit
 from tests.support.runner import run_workloads
 
 GPU_ONLY = {
@@ -298,7 +299,8 @@ def test_gpu_only_engines_cells_skip_with_the_reason(tmp_path):
         "-k",
         "rate100-none or (test_streaming.py and closed-1)",
     )
-    assert result.returncode == 0, result.stdout[-3000:]
+    # every cell skipped: nothing measured is not a pass (exit 12)
+    assert result.returncode == RunExit.NOTHING_MEASURED, result.stdout[-3000:]
     by_engine: dict[str, list] = {}
     for rec in result.records.values():
         by_engine.setdefault(rec.engine, []).append(rec)

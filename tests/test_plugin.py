@@ -166,6 +166,17 @@ def test_matrix_is_written_at_session_end_and_printed(pytester, fakes):
     assert (run_dir / "matrix.csv").is_file()
 
 
+def test_the_terminal_summary_shows_the_matrix_as_plain_text(pytester, fakes, monkeypatch):
+    # issue 35: matrix.md is escaped for Markdown (&lt;); the terminal gets the text as is
+    monkeypatch.setenv("COLUMNS", "300")  # wide enough that no entry wraps
+    result, run_dir = run_cells(pytester)
+    assert "5 successful samples &lt; minimum 100" in (run_dir / "matrix.md").read_text()
+    out = result.stdout.str()
+    assert "INVALID: 5 successful samples < minimum 100" in out
+    assert "&lt;" not in out
+    assert "|---|" not in out  # no Markdown table syntax either
+
+
 def test_interrupted_run_is_visibly_incomplete(pytester, fakes):
     _, run_dir = run_cells(pytester, "--maxfail=1")
     manifest = store.read_manifest(run_dir)

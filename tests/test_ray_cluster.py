@@ -104,7 +104,7 @@ def _ray_run(results: Path, head, worker, cluster: Cluster) -> tuple[Path, float
             "pytest",
             *MATRIX,
             f"--results-dir={results}",
-            "--dist=ray",
+            "--cells-on=ray",
             f"--ray-address={cluster.address}",
             "--ray-retries=2",
         ]

@@ -16,7 +16,7 @@ from tests.support.runner import REPO, run_workloads
 
 pytestmark = pytest.mark.slow
 
-FAKE = ["-p", "tests.support.fakeray", "--dist=ray", "--engine=null"]
+FAKE = ["-p", "tests.support.fakeray", "--cells-on=ray", "--engine=null"]
 TWO_CELLS = ["-k", "test_batching and rate100 and (none or static)"]
 NONE_CELL = "workloads/test_batching.py::test_batching[rate100-none-b1-null]"
 
@@ -25,7 +25,7 @@ def test_node_argv_drops_driver_only_options_and_selects_the_cell(tmp_path):
     args = [
         "workloads",
         "--engine=null",
-        "--dist",
+        "--cells-on",
         "ray",
         "--ray-address=h:1",
         "--ray-python",
@@ -47,7 +47,7 @@ def test_node_argv_drops_driver_only_options_and_selects_the_cell(tmp_path):
         "-p",
         "no:cacheprovider",
         "-q",
-        "--dist=no",
+        "--cells-on=local",
         f"--results-dir={tmp_path}",
         f"--harness-only={NONE_CELL}",
     ]
@@ -138,15 +138,15 @@ def test_a_task_that_fails_on_its_own_is_not_run_again(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--ray-address=h:1"], "--ray-address only applies with --dist=ray or --clients-on"),
-        (["--dist=mars"], "--dist 'mars': choose no (this machine) or ray"),
-        (["-p", "tests.support.fakeray", "--dist=ray", "--isolation=none"], "drop --isolation"),
+        (["--ray-address=h:1"], "--ray-address only applies with --cells-on=ray or --clients-on"),
+        (["--cells-on=mars"], "--cells-on 'mars': choose local (this machine) or ray"),
+        (["-p", "tests.support.fakeray", "--cells-on=ray", "--isolation=none"], "drop --isolation"),
         (
-            ["-p", "tests.support.fakeray", "--dist=ray", "--ray-python=torch"],
+            ["-p", "tests.support.fakeray", "--cells-on=ray", "--ray-python=torch"],
             "expected ENGINE=PATH",
         ),
         (
-            ["-p", "tests.support.fakeray", "--dist=ray", "--ray-retries=-1"],
+            ["-p", "tests.support.fakeray", "--cells-on=ray", "--ray-retries=-1"],
             "retries must be >= 0",
         ),
     ],
@@ -170,7 +170,7 @@ def test_ray_missing_is_a_usage_error_naming_the_extra(tmp_path):
         "import sys, importlib.util as u; real = u.find_spec;"
         " u.find_spec = lambda n, *a: None if n == 'ray' else real(n, *a);"
         " import pytest; sys.exit(pytest.main(['workloads', '--collect-only', '-q',"
-        " '--dist=ray']))"
+        " '--cells-on=ray']))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],

@@ -96,7 +96,7 @@ def test_bad_repeats_are_usage_errors(tmp_path, argv, message):
 
 
 def test_repeats_on_a_ray_cluster_are_refused_at_configuration():
-    with pytest.raises(UsageError, match="not supported with --dist=ray yet"):
+    with pytest.raises(UsageError, match="not supported with --cells-on=ray yet"):
         parse_settings(
             engines=["null"],
             device="cpu",

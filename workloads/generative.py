@@ -67,11 +67,7 @@ def model_dir(settings: RunSettings) -> Path:
     from workloads import llm  # noqa: PLC0415  (builds with torch/transformers)
 
     if missing := llm.missing_libraries():
-        pytest.skip(
-            f"the embedded tiny LLM is built with {', '.join(llm.LIBS)}, and"
-            f" {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed:"
-            " pip install -e '.[llm]', or give --model DIR"
-        )
+        pytest.skip(f"the embedded tiny LLM {llm.needs(missing)}, or give --model DIR")
     return llm.embedded_llm(settings.seed)
 
 
@@ -351,7 +347,7 @@ def load_source(
 
 def launcher_for(settings: RunSettings) -> Launcher:
     """Where ``--clients N`` processes run: here, or as Ray actors (``--clients-on=ray``;
-    on a ``--dist=ray`` node the cluster comes from ``RAY_ADDRESS``)."""
+    on a ``--cells-on=ray`` node the cluster comes from ``RAY_ADDRESS``)."""
     if settings.clients_on is ClientsOn.RAY:
         return RayActors(address=settings.dist.address)
     return LocalProcesses()

@@ -1,4 +1,4 @@
-"""``--dist=ray``, driver side: every cell is a Ray task; records come back here.
+"""``--cells-on=ray``, driver side: every cell is a Ray task; records come back here.
 
 Each cell's task asks Ray for what the cell needs (``--ray-cpus-per-cell``; a CUDA cell
 also ``--ray-gpus-per-cell``, a whole device by default, so two cells never share a GPU)

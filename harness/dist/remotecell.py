@@ -25,7 +25,7 @@ from harness.session.worker import Drop, drop_options
 
 STRIPPED_WITH_VALUE = frozenset(
     {
-        "--dist",
+        "--cells-on",
         "--ray-address",
         "--ray-cpus-per-cell",
         "--ray-gpus-per-cell",
@@ -85,7 +85,7 @@ def node_argv(args: Sequence[str], nodeid: str, results_dir: Path) -> list[str]:
         "-p",
         "no:cacheprovider",
         "-q",
-        "--dist=no",
+        "--cells-on=local",
         f"--results-dir={results_dir}",
         f"--harness-only={nodeid}",
     ]

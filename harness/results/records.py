@@ -22,7 +22,7 @@ from harness.results.model import Frozen
 from harness.results.redact import redact
 from harness.results.reportspec import ReportSpec
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
 REPEAT_SEP = "@"  # not an id character, so ``<cell-id>@N`` parses one way only
@@ -216,6 +216,9 @@ class Manifest(Frozen):
     provenance: dict[str, Any] = Field(default_factory=dict)
     """What the run measured beyond its options (harness.results.provenance): the content of the
     user's model and images, engine packages, hardware, code; ``--resume`` checks it."""
+    pytest_plugins: dict[str, Any] = Field(default_factory=dict)
+    """pytest's version, the plugins of the session that started the run and what they were
+    set to (harness.session.neighbours): a run under coverage or in random order shows it."""
 
     _ids = field_validator("run_id")(check_id)
 
@@ -261,6 +264,12 @@ def _v6_to_v7(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema_version": 7}
 
 
+def _v7_to_v8(data: dict[str, Any]) -> dict[str, Any]:
+    """v8 added manifest ``pytest_plugins``; a v7 run did not record them (records are
+    unchanged)."""
+    return {**data, "schema_version": 8}
+
+
 # schema_version -> function turning a dict of that version into the next version.
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
@@ -269,6 +278,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     4: _v4_to_v5,
     5: _v5_to_v6,
     6: _v6_to_v7,
+    7: _v7_to_v8,
 }
 
 

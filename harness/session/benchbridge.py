@@ -172,7 +172,7 @@ def benchmark_of(item: pytest.Item, record: CellRecord) -> Any:
     return bench
 
 
-@dataclass
+@dataclass(eq=False)  # a registered plugin: pluggy keeps plugins in sets
 class Bridge:
     """Controller-side hooks: feed each finished single-stream cell to pytest-benchmark."""
 

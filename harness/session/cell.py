@@ -32,6 +32,7 @@ from harness.results.records import (
 )
 from harness.results.reportspec import ReportSpec, check_path
 from harness.results.store import utcnow
+from harness.session import neighbours
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]+")
 
@@ -249,6 +250,9 @@ class Cell:
         return with_telemetry(self.result.slow, self.telemetry, origin)
 
     def _validity(self, v: Validity) -> ValidityInfo:
-        """The verdict, with what telemetry saw (a throttled GPU) among its warnings."""
+        """The verdict, with what telemetry saw (a throttled GPU) and a tracer slowing this
+        process (coverage) among its warnings."""
         seen = tuple(self.telemetry.get("warnings", ()))
-        return ValidityInfo(verdict=v.verdict.value, reasons=v.reasons, warnings=v.warnings + seen)
+        traced = neighbours.tracing_warning()
+        warnings = v.warnings + seen + ((traced,) if traced else ())
+        return ValidityInfo(verdict=v.verdict.value, reasons=v.reasons, warnings=warnings)

@@ -419,7 +419,7 @@ def _clients_on(where: str, clients: int, dist: Distribution) -> ClientsOn:
     if dist.mode is Dist.LOCAL and dist.address is None and not os.environ.get("RAY_ADDRESS"):
         raise UsageError(
             "--clients-on=ray needs the cluster: give --ray-address HOST:PORT (or set"
-            " RAY_ADDRESS, or run with --dist=ray, whose cells reach the cluster they run on)"
+            " RAY_ADDRESS, or run with --cells-on=ray, whose cells reach the cluster they run on)"
         )
     return on
 

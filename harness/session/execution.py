@@ -165,17 +165,15 @@ def parse_dist(
     isolation: str,
     clients_on: str = "local",
 ) -> Distribution:
-    # "no" as pytest-xdist spells it: pytest-benchmark reads any other value of the
-    # option as xdist distributing tests, and disables itself
     try:
-        dist = Dist.LOCAL if mode == "no" else Dist(mode)
+        dist = Dist(mode)
     except ValueError:
-        raise UsageError(f"--dist {mode!r}: choose no (this machine) or ray") from None
+        raise UsageError(f"--cells-on {mode!r}: choose local (this machine) or ray") from None
     if dist is Dist.LOCAL:
         return _local_dist(address, python, clients_on)
-    _need_ray("--dist=ray")
+    _need_ray("--cells-on=ray")
     if isolation != Isolation.PROCESS.value:
-        raise UsageError("--dist=ray runs every cell with process isolation: drop --isolation")
+        raise UsageError("--cells-on=ray runs every cell with process isolation: drop --isolation")
     try:
         return Distribution(
             mode=dist,
@@ -186,15 +184,15 @@ def parse_dist(
             python=_pythons(python or ()),
         )
     except ValueError as exc:
-        raise UsageError(f"--dist=ray: {exc}") from None
+        raise UsageError(f"--cells-on=ray: {exc}") from None
 
 
 def _local_dist(address: str | None, python: Sequence[str] | None, clients_on: str) -> Distribution:
     """Cells on this machine; a Ray address only for clients on Ray."""
     if python:
-        raise UsageError("--ray-python only applies with --dist=ray")
+        raise UsageError("--ray-python only applies with --cells-on=ray")
     if address and clients_on != ClientsOn.RAY.value:
-        raise UsageError("--ray-address only applies with --dist=ray or --clients-on=ray")
+        raise UsageError("--ray-address only applies with --cells-on=ray or --clients-on=ray")
     if clients_on == ClientsOn.RAY.value:
         _need_ray("--clients-on=ray")
     return Distribution(address=address)
@@ -244,7 +242,7 @@ def check_repeats(repeats: int, reliability: Reliability, dist: Distribution) ->
         )
     if repeats > 1 and dist.mode is not Dist.LOCAL:
         raise UsageError(
-            f"--repeats {repeats} is not supported with --dist=ray yet: repeat the run, or"
+            f"--repeats {repeats} is not supported with --cells-on=ray yet: repeat the run, or"
             " run the repeats on one machine"
         )
     return repeats

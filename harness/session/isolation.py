@@ -30,7 +30,7 @@ import pytest
 
 from harness.results.records import Status
 from harness.results.store import LOGS
-from harness.session import progress
+from harness.session import failtext, progress
 from harness.session.child import Child, Event, describe_exit, spawn
 from harness.session.execution import Reliability
 from harness.session.worker import WorkerSpec, worker_argv
@@ -419,6 +419,7 @@ class Watch:
         report = config.hook.pytest_report_from_serializable(config=config, data=data["data"])
         if isinstance(report.longrepr, list):  # JSON has no tuples; a skip's (path, line, why)
             report.longrepr = tuple(report.longrepr)
+        failtext.shorten(report, f"the worker's log, {self.sup.log}")
         config.hook.pytest_runtest_logreport(report=report)
 
     def _on_record(self, data: dict[str, Any]) -> None:

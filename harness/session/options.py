@@ -117,7 +117,7 @@ def add_options(parser: pytest.Parser) -> None:
         default="local",
         metavar="WHERE",
         help="local: --clients processes on the cell's machine; ray: Ray actors spread over"
-        " the cluster of --ray-address (or of --dist=ray), clocks aligned on wall time"
+        " the cluster of --ray-address (or of --cells-on=ray), clocks aligned on wall time"
         " (default: local)",
     )
     _add_reliability_options(parser)
@@ -128,10 +128,13 @@ def add_options(parser: pytest.Parser) -> None:
         if arg.attrs().get("action", "store") in ("store", "append")
         for name in arg.names()
     )
+    OPTION_NAMES.update(name for arg in group.options for name in arg.names())
 
 
 VALUE_OPTIONS: set[str] = set()
 """The harness's options that take a value (filled by ``add_options``)."""
+OPTION_NAMES: set[str] = set()
+"""Every option string of the harness (filled by ``add_options``)."""
 
 
 def check_rootdir(config: pytest.Config) -> None:
@@ -319,10 +322,11 @@ def _add_reliability_options(parser: pytest.Parser) -> None:
 
 def _add_dist_options(group: pytest.OptionGroup) -> None:
     group.addoption(
-        "--dist",
-        default="no",
-        help="no (or local): cells run on this machine; ray: each cell is a Ray task on a"
-        " cluster, records come back into this run directory (default: no)",
+        "--cells-on",
+        default="local",
+        metavar="WHERE",
+        help="local: cells run on this machine; ray: each cell is a Ray task on a cluster,"
+        " records come back into this run directory (default: local)",
     )
     group.addoption(
         "--ray-address",
@@ -413,7 +417,7 @@ def settings_from(config: pytest.Config) -> RunSettings:
                 session_spec=opt("session_spec"),
             ),
             dist=parse_dist(
-                mode=opt("dist"),
+                mode=opt("cells_on"),
                 address=opt("ray_address"),
                 cpus_per_cell=opt("ray_cpus_per_cell"),
                 gpus_per_cell=opt("ray_gpus_per_cell"),

@@ -29,6 +29,9 @@ class RunExit(enum.IntEnum):
     """No cell failed, but a cell's measurement is invalid (below the profile's bounds)."""
     INCOMPLETE = 11
     """Planned cells of the run have no record (e.g. ``--resume`` with a narrower ``-k``)."""
+    NOTHING_MEASURED = 12
+    """Every cell was skipped: the engine cannot run here, or no cell could serve it. A
+    pipeline gating on the run must not read that as a pass."""
 
 
 BROKEN = frozenset({Status.FAILED, Status.TIMEOUT, Status.CRASHED})
@@ -57,4 +60,6 @@ def run_exit(
         return RunExit.INCOMPLETE
     if Status.INVALID in seen:
         return RunExit.INVALID
+    if seen == {Status.SKIPPED}:
+        return RunExit.NOTHING_MEASURED
     return pytest_status

@@ -248,7 +248,11 @@ def measured_inputs(settings: RunSettings) -> dict[str, Any]:
     )
 
 
-def start_run(settings: RunSettings, cells: Sequence[PlannedCell]) -> RunState:
+def start_run(
+    settings: RunSettings,
+    cells: Sequence[PlannedCell],
+    pytest_plugins: dict[str, Any] | None = None,
+) -> RunState:
     _unique_ids(cells)
     run_dir = store.new_run_dir(settings.results_dir)
     created = store.utcnow()
@@ -262,6 +266,7 @@ def start_run(settings: RunSettings, cells: Sequence[PlannedCell]) -> RunState:
         environment=fingerprint(),
         planned=tuple(cells),
         provenance=measured_inputs(settings),
+        pytest_plugins=pytest_plugins or {},
     )
     store.write_manifest(run_dir, manifest)
     return RunState(run_dir, manifest, settings, {c.nodeid: c for c in cells}, lock=lock)
@@ -334,7 +339,7 @@ def _provenance_of(manifest: Manifest) -> dict[str, Any]:
 
 
 def _ran_here(manifest: Manifest) -> bool:
-    """Cells of a --dist=ray run were measured on the cluster's nodes, not the driver."""
+    """Cells of a --cells-on=ray run were measured on the cluster's nodes, not the driver."""
     dist = manifest.settings.get("dist")
     return not isinstance(dist, dict) or dist.get("mode", "local") == "local"
 
