@@ -464,16 +464,19 @@ def test_offered_load_and_model_are_the_question_not_the_answer(tmp_path):
     assert result.workloads[0].recommended.configuration() == "mode=none"
 
 
-def test_precision_cell_offers_its_fp32_reference_as_a_configuration(tmp_path):
+def int8_precision_record():
+    """A precision cell of engine e: int8 against its fp32 reference path, in run q."""
     metrics = {
         "precision": "int8",
         "reference": {"p50": 0.0017},
         "reduced": {"p50": 0.0154},
         "throughput": {"reference_items_per_s": 4730.0, "reduced_items_per_s": 521.0},
     }
-    record = build(
-        "precision", "e", {"model": "m", "precision": "int8"}, run_id="q", metrics=metrics
-    )
+    return build("precision", "e", {"model": "m", "precision": "int8"}, run_id="q", metrics=metrics)
+
+
+def test_precision_cell_offers_its_fp32_reference_as_a_configuration(tmp_path):
+    record = int8_precision_record()
     result = rec.recommend([write_run(tmp_path, "q", [record])], parse_slos("e2e_p99=50ms"), 3.6)
     w = one(result, "precision")
     assert w.title == "precision model=m"

@@ -10,7 +10,14 @@ from harness.metrics.streamtiming import parse_slos
 from harness.report import recommend as rec
 from harness.results import store
 from harness.results.records import Status
-from tests.test_recommend import ENV_A, batching_run, build, one, write_run
+from tests.test_recommend import (
+    ENV_A,
+    batching_run,
+    build,
+    int8_precision_record,
+    one,
+    write_run,
+)
 
 SLO = parse_slos("e2e_p99=50ms")
 
@@ -85,15 +92,7 @@ def test_the_decisions_come_first_and_what_has_no_answer_is_one_line_per_workloa
 
 
 def test_a_precision_cell_s_paths_are_named_by_what_they_measured(tmp_path):
-    metrics = {
-        "precision": "int8",
-        "reference": {"p50": 0.0017},
-        "reduced": {"p50": 0.0154},
-        "throughput": {"reference_items_per_s": 4730.0, "reduced_items_per_s": 521.0},
-    }
-    record = build(
-        "precision", "e", {"model": "m", "precision": "int8"}, run_id="q", metrics=metrics
-    )
+    record = int8_precision_record()
     text = rec.render(rec.recommend([write_run(tmp_path, "q", [record])], SLO))
     # before: "RECOMMENDED: e precision=int8 [its fp32 reference path]"
     assert (
