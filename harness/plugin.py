@@ -26,7 +26,7 @@ from harness.results import store
 from harness.results.records import Status
 from harness.results.redact import redact_text
 from harness.session import benchbridge, failtext, keywords, neighbours, progress, summary
-from harness.session.cell import REPORT_SPEC_MARK, Cell
+from harness.session.cell import Cell
 from harness.session.config import RunSettings, check_writable_dir
 from harness.session.execution import Dist, Isolation
 from harness.session.opening import merge_options, start_info
@@ -41,8 +41,10 @@ from harness.session.state import (
     RunState,
     is_cell,
     planned_cell,
+    register_markers,
     resume_run,
     run_order,
+    setting_groups,
     start_run,
 )
 from harness.session.worker import (
@@ -98,12 +100,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "requires(**capabilities): engine capabilities a cell needs")
-    config.addinivalue_line(
-        "markers",
-        f"{REPORT_SPEC_MARK}(spec): what the workload's reports need"
-        " (harness.results.reportspec.ReportSpec; docs/writing-a-workload.md)",
-    )
+    register_markers(config)
     try:
         _configure(config)
     except pytest.UsageError as exc:  # it echoes option values: a URL with a password too
@@ -208,7 +205,8 @@ def pytest_collection_accepted(config: pytest.Config) -> Generator[None, None, N
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group cells by engine, in ``--engine`` order, so each engine starts once and runs
     alone (a server or engine of the next one is not yet up and polling); within an
-    engine, cells keep their collection order whatever reordered them (pytest-randomly).
+    engine (and configuration), cells that set it alike run together (``engine_setting``),
+    and otherwise keep their collection order whatever reordered them (pytest-randomly).
     Resuming, keep only the run's planned cells that have no ok record."""
     settings = settings_of(config)
     cells = [item for item in items if is_cell(item)]
@@ -220,8 +218,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             neighbours.unbind_timeouts(config, cells)
         keywords.add_cell_ids(cells, lambda item: planned_cell(cast(pytest.Function, item)))
 
-    def order(item: pytest.Item) -> tuple[int, int, int]:
-        return (*run_order(settings, item), item.stash.get(COLLECTED_AT, 0))
+    collected = sorted(items, key=lambda item: item.stash.get(COLLECTED_AT, 0))
+    groups = setting_groups(collected)
+
+    def order(item: pytest.Item) -> tuple[int, int, int, int]:
+        return (*run_order(settings, item), groups[item.nodeid], item.stash.get(COLLECTED_AT, 0))
 
     items.sort(key=order)  # stable sort: tests that are not cells keep their order
     only = config.getoption("harness_only")

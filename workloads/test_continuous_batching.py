@@ -43,6 +43,7 @@ REPORT = ReportSpec(
 
 @pytest.mark.requires(family="generative", native_batching="continuous")
 @pytest.mark.report_spec(REPORT)
+@pytest.mark.engine_setting("max_num_seqs")
 @pytest.mark.parametrize(("mode", "max_num_seqs"), GRID, ids=[f"{m}-seqs{s}" for m, s in GRID])
 def test_continuous_batching(
     request: pytest.FixtureRequest,

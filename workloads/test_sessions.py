@@ -162,6 +162,7 @@ def turn_samples(turns: list[Turn]) -> dict[str, list[float]]:
 
 @pytest.mark.requires(family="generative", streaming=True)
 @pytest.mark.report_spec(REPORT)
+@pytest.mark.engine_setting("prefix_cache")
 @pytest.mark.parametrize("prefix_cache", ["off", "on"])
 def test_sessions(
     request: pytest.FixtureRequest,

@@ -81,6 +81,7 @@ def shared_requests(
 @pytest.mark.requires(family="generative", streaming=True)
 @pytest.mark.report_spec(REPORT)
 @pytest.mark.parametrize(("prompts", "length"), SHARED, ids=[f"n{n}-len{t}" for n, t in SHARED])
+@pytest.mark.engine_setting("prefix_cache")
 @pytest.mark.parametrize("prefix_cache", ["off", "on"])
 def test_shared_prefix(
     request: pytest.FixtureRequest,

@@ -115,6 +115,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.mark.requires(family="generative", streaming=True)
 @pytest.mark.report_spec(REPORT)
+@pytest.mark.engine_setting("prefix_cache")
 @pytest.mark.parametrize("prefix_cache", ["on"])
 def test_trace(
     request: pytest.FixtureRequest,

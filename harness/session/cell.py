@@ -38,6 +38,10 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]+")
 
 REPORT_SPEC_MARK = "report_spec"
 """``@pytest.mark.report_spec(ReportSpec(...))`` on a workload's test function."""
+ENGINE_SETTING_MARK = "engine_setting"
+"""``@pytest.mark.engine_setting("prefix_cache")``: the named parameters of a workload set
+its engine (an engine option, a server flag), so the cells that set it alike run together
+(harness.session.state.run_order): an engine or server starts once per setting."""
 
 
 def make_cell_id(workload: str, engine: str, params: Mapping[str, ParamValue]) -> str:

@@ -30,7 +30,7 @@ from harness.results.records import (
 from harness.results.redact import redact_text
 from harness.results.reportspec import ReportSpec
 from harness.session import traffic
-from harness.session.cell import REPORT_SPEC_MARK, Cell, make_cell_id
+from harness.session.cell import ENGINE_SETTING_MARK, REPORT_SPEC_MARK, Cell, make_cell_id
 from harness.session.config import RunSettings
 from harness.session.execution import Dist
 from harness.session.grid import CONFIG_PARAM
@@ -39,6 +39,17 @@ from harness.session.worker import EventSink
 ENGINE_ARG = "engine_name"
 CONFIG_ARG = "engine_config"
 """The fixture parametrized with a cell's ``--engine-grid`` configuration (its label)."""
+
+
+def register_markers(config: pytest.Config) -> None:
+    for line in (
+        "requires(**capabilities): engine capabilities a cell needs",
+        f"{REPORT_SPEC_MARK}(spec): what the workload's reports need"
+        " (harness.results.reportspec.ReportSpec; docs/writing-a-workload.md)",
+        f"{ENGINE_SETTING_MARK}(*params): parameters that set the engine, so that cells"
+        " setting it alike run together (docs/writing-a-workload.md)",
+    ):
+        config.addinivalue_line("markers", line)
 
 
 def is_cell(item: pytest.Item) -> bool:
@@ -66,6 +77,24 @@ def run_order(settings: RunSettings, item: pytest.Item) -> tuple[int, int]:
     config = config_of(item)
     place = labels.index(config) if config in labels else -1
     return (settings.engines.index(engine) if engine in settings.engines else -1), place
+
+
+def setting_key(item: pytest.Item) -> tuple[tuple[str, str], ...]:
+    """The values of a cell's parameters that its workload names ``engine_setting``."""
+    spec = getattr(item, "callspec", None)
+    if spec is None or not is_cell(item):
+        return ()
+    names = sorted({str(n) for mark in item.iter_markers(ENGINE_SETTING_MARK) for n in mark.args})
+    return tuple((n, str(spec.params[n])) for n in names if n in spec.params)
+
+
+def setting_groups(items: Sequence[pytest.Item]) -> dict[str, int]:
+    """Each item's group (by node id): cells that set the engine alike share one, numbered
+    in the order of their first cell in ``items`` (collection order); cells that set
+    nothing share one too. ``run_order``'s tie-breaker: prefix cache off, then on, rather
+    than a server restarted for every workload that switches it."""
+    numbers: dict[tuple[tuple[str, str], ...], int] = {}
+    return {item.nodeid: numbers.setdefault(setting_key(item), len(numbers)) for item in items}
 
 
 def _params(item: pytest.Function) -> dict[str, ParamValue]:
