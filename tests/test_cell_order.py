@@ -1,8 +1,6 @@
 """The order cells run in: by engine and configuration, then cells that set the engine
 alike together (``@pytest.mark.engine_setting``), else in collection order."""
 
-import pytest
-
 from harness.engine import registry
 from harness.results import store
 from tests.support.fakes import FakeTensorEngine
