@@ -17,6 +17,19 @@ from typing import Any, SupportsInt
 
 from harness.engine import Chunk, EngineError, Message
 
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def torch_dtype_precision(engine: str, name: str, device: str) -> dict[str, str]:
+    """``precision_options`` of an engine that loads the model's torch weights in another
+    ``dtype`` (vLLM, transformers): fp32, bf16 or fp16, fp16 only on cuda (the CPU
+    kernels compute fp16 in fp32 or not at all, so a CPU figure would say nothing)."""
+    if name not in TORCH_DTYPES:
+        raise ValueError(f"{engine} runs fp32, bf16 or fp16 weights, not {name} (dtype)")
+    if name == "fp16" and not device.startswith("cuda"):
+        raise ValueError(f"{engine} on cpu computes in fp32 or bf16; fp16 is measured on cuda")
+    return {"dtype": TORCH_DTYPES[name]}
+
 
 class NoChatTemplate(EngineError):
     """A chat request to a model whose tokenizer has no chat template."""

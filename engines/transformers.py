@@ -35,7 +35,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
-from engines.llmstream import chat_prompt_ids, delta_chunk
+from engines.llmstream import chat_prompt_ids, delta_chunk, torch_dtype_precision
 from harness.engine import (
     Availability,
     BatchingMode,
@@ -147,12 +147,7 @@ class TransformersEngine:
 
     @classmethod
     def precision_options(cls, name: str, device: str) -> dict[str, str]:
-        dtypes = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-        if name not in dtypes:
-            raise ValueError(f"transformers runs fp32, bf16 or fp16 weights, not {name} (dtype)")
-        if name == "fp16" and not device.startswith("cuda"):
-            raise ValueError("transformers on cpu is measured in fp32 or bf16; fp16 on cuda")
-        return {"dtype": dtypes[name]}
+        return torch_dtype_precision(cls.name, name, device)
 
     def batching_config(self, config_class: type) -> dict[str, Any]:
         """The ContinuousBatchingConfig fields this adapter sets (pure: unit-tested

@@ -25,7 +25,7 @@ import os
 from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any, ClassVar
 
-from engines.llmstream import chat_prompt_ids, delta_chunk
+from engines.llmstream import chat_prompt_ids, delta_chunk, torch_dtype_precision
 from engines.vllm_server import LOOPBACK_ENV, POLLER_NICENESS, deprioritize_pollers, split_cpus
 from harness.engine import (
     Availability,
@@ -124,12 +124,7 @@ class VllmEngine:
 
     @classmethod
     def precision_options(cls, name: str, device: str) -> dict[str, str]:
-        dtypes = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-        if name not in dtypes:
-            raise ValueError(f"vllm runs fp32, bf16 or fp16 weights, not {name} (dtype)")
-        if name == "fp16" and not device.startswith("cuda"):
-            raise ValueError("vllm on cpu computes in fp32 or bf16; fp16 is measured on cuda")
-        return {"dtype": dtypes[name]}
+        return torch_dtype_precision(cls.name, name, device)
 
     def enforce_eager(self) -> bool | None:
         """The user's choice; else eager on CPU, where compiling only delays the start,

@@ -94,7 +94,7 @@ def test_bad_options(options, message):
 def test_precisions_name_the_dtype_and_fp16_is_measured_on_cuda_only():
     assert TransformersEngine.precision_options("bf16", "cpu") == {"dtype": "bfloat16"}
     assert TransformersEngine.precision_options("fp16", "cuda:0") == {"dtype": "float16"}
-    with pytest.raises(ValueError, match="fp16 on cuda"):
+    with pytest.raises(ValueError, match="fp16 is measured on cuda"):
         TransformersEngine.precision_options("fp16", "cpu")
     with pytest.raises(ValueError, match="not int8"):
         TransformersEngine.precision_options("int8", "cuda")
