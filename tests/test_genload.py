@@ -64,7 +64,8 @@ def test_open_loop_sends_on_schedule_and_measures_from_it():
     out = asyncio.run(Driver(engine, MonotonicClock(), 5.0).open_loop(reqs(3), offsets))
     gaps = np.diff([r.t_sched for r in out])
     assert gaps == pytest.approx([0.05, 0.05], abs=1e-9)
-    assert all(0 <= r.lag < 0.02 for r in out)
+    # each sent before the next was due (the real clock, beside other tests: not 20 ms)
+    assert all(0 <= r.lag < 0.05 for r in out)
 
 
 def test_static_batches_release_groups_only_after_the_previous_one():
@@ -76,7 +77,7 @@ def test_static_batches_release_groups_only_after_the_previous_one():
     assert min(r.t_send for r in second) >= max(r.t_end for r in first)
     # waiting for the previous group is queueing (counted from t_sched), not generator lag
     assert second[0].t_send - second[0].t_sched > 0.01
-    assert all(r.lag < 0.02 for r in out)
+    assert all(r.lag < 0.05 for r in out)
 
 
 def test_failures_and_timeouts_are_counted_never_dropped():

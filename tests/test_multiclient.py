@@ -374,7 +374,9 @@ def test_local_clients_that_die_or_hang_do_not_hang_the_run():
 def test_a_client_with_a_start_fixed_in_advance_runs_in_this_process():
     """The Ray path: no barrier, the start travels in the spec (here: the wall clock)."""
     load = replace(null_gen_load(20, 2, rate=200.0), clock=ClockKind.WALL)
-    start = common_now(ClockKind.WALL) + 0.2
+    # a lead that loading and warming up never eat, even on a busy machine (0.2 s did once
+    # beside another xdist worker: 51 ms late)
+    start = common_now(ClockKind.WALL) + 1.0
     spec = replace(load.specs()[1], start=start)
     result = run_client(spec)
     assert (result.index, len(result.records)) == (1, 10)
@@ -382,7 +384,9 @@ def test_a_client_with_a_start_fixed_in_advance_runs_in_this_process():
     assert result.shift == pytest.approx(time.time() - time.perf_counter(), abs=0.01)
     on_common = [r.t_sched + result.shift - start for r in result.records]
     assert on_common == pytest.approx([(2 * i + 1) / 200.0 for i in range(10)], abs=1e-6)
-    assert 0.0 <= result.start_late_s < 0.05
+    # never early (a start ignored is sent at once, a second early); late only by the
+    # scheduler's wake-up, far under the lead
+    assert 0.0 <= result.start_late_s < 0.5
 
 
 @pytest.mark.slow

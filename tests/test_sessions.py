@@ -70,7 +70,7 @@ def test_a_later_turn_is_due_a_think_time_after_the_last_answer() -> None:
     first, second = (t.record for t in turns)
     gap = second.t_sched - first.t_end
     assert 0.05 <= gap < 0.07  # the think time, measured from the end of the answer
-    assert second.lag < 0.02
+    assert second.lag < 0.05  # sent within a think time of when it was due
 
 
 def test_sessions_arrive_open_loop_and_overlap() -> None:
