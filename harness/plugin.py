@@ -44,7 +44,7 @@ from harness.session.state import (
     register_markers,
     resume_run,
     run_order,
-    setting_groups,
+    setting_places,
     start_run,
 )
 from harness.session.worker import (
@@ -219,10 +219,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         keywords.add_cell_ids(cells, lambda item: planned_cell(cast(pytest.Function, item)))
 
     collected = sorted(items, key=lambda item: item.stash.get(COLLECTED_AT, 0))
-    groups = setting_groups(collected)
+    places = setting_places(collected)
 
     def order(item: pytest.Item) -> tuple[int, int, int, int]:
-        return (*run_order(settings, item), groups[item.nodeid], item.stash.get(COLLECTED_AT, 0))
+        return (*run_order(settings, item), places[item.nodeid], item.stash.get(COLLECTED_AT, 0))
 
     items.sort(key=order)  # stable sort: tests that are not cells keep their order
     only = config.getoption("harness_only")

@@ -41,6 +41,11 @@ def test_first(cell, open_engine, fail):
 @pytest.mark.parametrize("fail", ["no", "never"])
 def test_second(cell, open_engine, fail, size):
     measure(cell, open_engine, {"fail": fail})
+
+
+@pytest.mark.requires(family="tensor")
+def test_plain_again(cell, open_engine):
+    measure(cell, open_engine, {})
 """
 
 
@@ -51,7 +56,7 @@ def test_cells_that_set_the_engine_alike_run_together_and_share_one_engine(pytes
         result = pytester.runpytest(
             "--engine=fake-tensor", f"--results-dir={results}", "--isolation=none"
         )
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=8)
     (run_dir,) = list(results.iterdir())
     planned = [c.cell_id for c in store.read_manifest(run_dir).planned]
     assert planned == [
@@ -62,9 +67,10 @@ def test_cells_that_set_the_engine_alike_run_together_and_share_one_engine(pytes
         "first.fake-tensor.fail=never",
         "second.fake-tensor.fail=never.size=1",
         "second.fake-tensor.fail=never.size=2",
+        "plain_again.fake-tensor",  # a cell that sets nothing keeps its place
     ]
     records = sorted(store.read_records(run_dir), key=lambda r: r.started_at)
     assert [r.cell_id for r in records] == planned
     started = [r.cell_id for r in records if r.engine_info["start"]["in_this_cell"]]
-    # one engine per setting: none, fail=no, fail=never (collection order started five)
-    assert started == [planned[0], planned[1], planned[4]]
+    # one engine per setting: none, fail=no, fail=never, none again (collection order: six)
+    assert started == [planned[0], planned[1], planned[4], planned[7]]

@@ -88,13 +88,18 @@ def setting_key(item: pytest.Item) -> tuple[tuple[str, str], ...]:
     return tuple((n, str(spec.params[n])) for n in names if n in spec.params)
 
 
-def setting_groups(items: Sequence[pytest.Item]) -> dict[str, int]:
-    """Each item's group (by node id): cells that set the engine alike share one, numbered
-    in the order of their first cell in ``items`` (collection order); cells that set
-    nothing share one too. ``run_order``'s tie-breaker: prefix cache off, then on, rather
-    than a server restarted for every workload that switches it."""
-    numbers: dict[tuple[tuple[str, str], ...], int] = {}
-    return {item.nodeid: numbers.setdefault(setting_key(item), len(numbers)) for item in items}
+def setting_places(items: Sequence[pytest.Item]) -> dict[str, int]:
+    """Each item's place in the run (by node id; ``items`` in collection order): a cell
+    that sets the engine takes the place of the first cell that sets it alike, every other
+    item keeps its own. ``run_order``'s tie-breaker: the prefix cache off for every
+    workload, then on, rather than a server restarted for each workload that switches it,
+    and nothing else moves."""
+    first: dict[tuple[tuple[str, str], ...], int] = {}
+    places = {}
+    for place, item in enumerate(items):
+        key = setting_key(item)
+        places[item.nodeid] = first.setdefault(key, place) if key else place
+    return places
 
 
 def _params(item: pytest.Function) -> dict[str, ParamValue]:
