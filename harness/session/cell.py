@@ -41,7 +41,7 @@ REPORT_SPEC_MARK = "report_spec"
 ENGINE_SETTING_MARK = "engine_setting"
 """``@pytest.mark.engine_setting("prefix_cache")``: the named parameters of a workload set
 its engine (an engine option, a server flag), so the cells that set it alike run together
-(harness.session.state.run_order): an engine or server starts once per setting."""
+(harness.session.state.setting_places): an engine or server starts once per setting."""
 
 
 def make_cell_id(workload: str, engine: str, params: Mapping[str, ParamValue]) -> str:
