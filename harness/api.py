@@ -7,8 +7,9 @@ the modules behind these names are the harness's own business and may move.
 
 * the engine contract: ``TensorEngine``, ``GenerativeEngine``, ``TensorSpec``,
   ``GenerationRequest``, ``EngineConfig``, ``EngineError``, ``Family``, ``registry``;
-* the session: ``Cell``, ``RunSettings``, ``settings_of``, ``OpenEngine``,
-  ``merge_options``, ``cache_root``;
+* the session: ``Cell``, ``RunSettings`` (with the ``ModelSet`` of the embedded models),
+  ``settings_of``, ``OpenEngine``, ``merge_options``, ``cache_root``, and ``announce``
+  (a line for the user's terminal from wherever the cell runs);
 * load: clocks, arrival schedules, the serving loop and batching policies, the streaming
   driver, capacity search and sweeps, client processes (local and on Ray);
 * summaries and statistics: ``summarize_trace``, ``summarize_stream``, ``stats``,
@@ -96,10 +97,12 @@ from harness.results.reportspec import (
     StagesPlot,
     TrafficPlot,
 )
+from harness.session.announce import announce
 from harness.session.cell import Cell
 from harness.session.config import (
     AUTO_CLIENTS,
     IMAGE_SUFFIXES,
+    ModelSet,
     ProfileName,
     RunSettings,
     cache_root,
@@ -140,6 +143,7 @@ __all__ = [
     "LoadSearch",
     "LocalProcesses",
     "Message",
+    "ModelSet",
     "MonotonicClock",
     "NoBatching",
     "OpenEngine",
@@ -177,6 +181,7 @@ __all__ = [
     "UsageError",
     "Verdict",
     "active_sessions",
+    "announce",
     "cache_root",
     "capacity_search",
     "counter_delta",

@@ -134,6 +134,32 @@ def test_torch_gives_onnxruntimes_answers_on_the_embedded_models(model, dims):
 
 
 @needs_torch
+@pytest.mark.slow  # builds the 100 MB model (seconds)
+def test_torch_gives_onnxruntimes_answers_on_the_reference_resnet50():
+    """The reference set's CNN (workloads/refmodels.py): strided and padded convolutions
+    and pooling that the tiny CNN does not have, converted to the same answers."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from engines.onnxruntime import OnnxRuntimeEngine  # noqa: PLC0415
+    from workloads.refmodels import embedded  # noqa: PLC0415
+
+    path = embedded("resnet50-dynhw").path
+    engines = [TorchEngine(EngineConfig(path)), OnnxRuntimeEngine(EngineConfig(path))]
+    for engine in engines:
+        engine.load()
+    try:
+        ours, theirs = engines
+        assert ours.input_specs() == theirs.input_specs()
+        inputs = synthesize(ours.input_specs(), {"height": 64, "width": 96}, 2, seed=5)
+        got, want = ours.infer(inputs), theirs.infer(inputs)
+        assert got["logits"].shape == (2, 1000)
+        np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-4, atol=1e-4)
+    finally:
+        for engine in engines:
+            engine.close()
+
+
+@needs_torch
 def test_a_torch_export_program_is_served_with_its_dynamic_batch(tmp_path):
     import torch  # noqa: PLC0415
 

@@ -1,8 +1,16 @@
-"""The embedded generative model: a tiny random-weight Llama with a locally trained tokenizer.
+"""The embedded generative models: random-weight Llamas with a locally trained tokenizer.
+
+* ``tiny-llama`` (``TINY``): hidden 128, 2 layers, 2 heads of 64, float32; the CPU's;
+* ``llama-1b`` (``LLAMA_1B``): Llama-3.2-1B's layers (hidden 2048, 16 layers, 32 query
+  and 8 key-value heads of 64, MLP 8192), 0.98 billion parameters, saved in bf16 (2 GB
+  on disk); the GPU's (``workloads.modelset``). Its vocabulary is the tokenizer's 1024
+  tokens, not Llama's 128k: random weights would emit ids that no token stands for, and
+  the 16 layers hold all but 0.4 % of the parameters anyway.
 
 Generated deterministically (seeded weights, a seeded synthetic corpus for a byte-level
-BPE tokenizer) and cached under ``$HARNESS_CACHE_DIR/llm/<key>``, where the key hashes
-the generator version, the seed, the architecture and the library versions. It loads
+BPE tokenizer) and cached under ``$HARNESS_CACHE_DIR/llm/<name>-s<seed>-<key>``, where the
+key hashes the generator version, the seed, the architecture, the dtype and the library
+versions. A build is announced (seconds, disk); a cache hit says nothing. It loads
 offline (``HF_HUB_OFFLINE=1``) in vLLM and any Hugging Face-compatible server.
 
 Head size is 64 (hidden 128, 2 heads): vLLM's CPU attention kernels reject head size 16.
@@ -21,15 +29,16 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from harness.api import announce
 from workloads.models import cache_dir
 
 GENERATOR_VERSION = 2  # 2: the tokenizer has a chat template
-NAME = "tiny-llama"
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -56,7 +65,35 @@ class LlamaShape:
     max_position_embeddings: int = 2048
 
 
-SHAPE = LlamaShape()
+TOKENIZER_VOCAB = 1024
+"""What the byte-level BPE is trained to (every model's tokenizer)."""
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """One embedded decoder: its name, its shape and what its weights are saved in."""
+
+    name: str
+    shape: LlamaShape
+    dtype: str = "float32"
+
+
+TINY = LlamaSpec("tiny-llama", LlamaShape(vocab_size=TOKENIZER_VOCAB))
+LLAMA_1B = LlamaSpec(
+    "llama-1b",
+    LlamaShape(
+        vocab_size=TOKENIZER_VOCAB,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+    ),
+    dtype="bfloat16",  # half the disk and load time of float32, what GPUs serve it in
+)
+SPECS = {spec.name: spec for spec in (TINY, LLAMA_1B)}
+NAME, SHAPE = TINY.name, TINY.shape
 SPECIAL_TOKENS = {
     "bos_token": "<s>",
     "eos_token": "</s>",
@@ -96,61 +133,105 @@ def needs(missing: list[str]) -> str:
     return f"needs {names}, {which} not installed: pip install -e '.[llm]'"
 
 
-def _key(seed: int) -> str:
-    parts = {
+def parameter_count(shape: LlamaShape) -> int:
+    """What ``LlamaForCausalLM`` holds for ``shape`` (untied embeddings, no biases)."""
+    head = shape.hidden_size // shape.num_attention_heads
+    kv = shape.num_key_value_heads * head
+    attention = 2 * shape.hidden_size * shape.hidden_size + 2 * shape.hidden_size * kv
+    mlp = 3 * shape.hidden_size * shape.intermediate_size
+    layer = attention + mlp + 2 * shape.hidden_size  # and its two RMSNorm weights
+    embeddings = 2 * shape.vocab_size * shape.hidden_size  # input table and LM head
+    return shape.num_hidden_layers * layer + embeddings + shape.hidden_size
+
+
+def _key(seed: int, spec: LlamaSpec = TINY) -> str:
+    parts: dict[str, Any] = {
         "generator": GENERATOR_VERSION,
         "seed": seed,
-        "shape": asdict(SHAPE),
+        "shape": asdict(spec.shape),
         "libs": {lib: version(lib) for lib in LIBS},
     }
+    if spec != TINY:  # the tiny model's key predates names: kept, so its cache stays valid
+        parts |= {"name": spec.name, "dtype": spec.dtype}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _build(target: Path, seed: int) -> None:
-    import torch  # noqa: PLC0415
+def _tokenizer(seed: int) -> Any:
     from tokenizers import ByteLevelBPETokenizer  # noqa: PLC0415
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(
         corpus(seed),
-        vocab_size=SHAPE.vocab_size,
+        vocab_size=TOKENIZER_VOCAB,
         min_frequency=2,
         special_tokens=SPECIAL,
         show_progress=False,
     )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, **SPECIAL_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(target)
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        **asdict(SHAPE) | {"vocab_size": max(SHAPE.vocab_size, len(tokenizer))},
+    return tokenizer
+
+
+def config_for(spec: LlamaSpec, tokenizer: Any) -> Any:
+    """The ``LlamaConfig`` of ``spec`` with ``tokenizer``'s special ids (what the build
+    saves; also what a test instantiates on the meta device to count parameters)."""
+    from transformers import LlamaConfig  # noqa: PLC0415
+
+    return LlamaConfig(
+        **asdict(spec.shape) | {"vocab_size": max(spec.shape.vocab_size, len(tokenizer))},
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        torch_dtype=spec.dtype,
     )
-    model = LlamaForCausalLM(config)
+
+
+def _build(target: Path, seed: int, spec: LlamaSpec) -> dict[str, Any]:
+    import torch  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM  # noqa: PLC0415
+
+    began = time.perf_counter()
+    tokenizer = _tokenizer(seed)
+    tokenizer.save_pretrained(target)
+    torch.manual_seed(seed)
+    config = config_for(spec, tokenizer)
+    if spec.dtype == "float32":
+        model = LlamaForCausalLM(config)
+    else:  # made in its dtype: a float32 copy of 1B parameters would take 4 GB more
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, spec.dtype))
     model.save_pretrained(target, safe_serialization=True)
-    (target / "harness-model.json").write_text(
-        json.dumps({"name": NAME, "seed": seed, "generator_version": GENERATOR_VERSION}, indent=1)
-    )
+    return {
+        "name": spec.name,
+        "seed": seed,
+        "generator_version": GENERATOR_VERSION,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "build_s": round(time.perf_counter() - began, 1),
+        "bytes": sum(f.stat().st_size for f in target.iterdir()),
+    }
 
 
-def embedded_llm(seed: int = 0) -> Path:
-    """Directory of the tiny Llama for ``seed``, built on first use and cached."""
-    path = cache_dir().parent / "llm" / f"{NAME}-s{seed}-{_key(seed)}"
+def embedded_llm(seed: int = 0, spec: LlamaSpec = TINY) -> Path:
+    """Directory of the embedded decoder ``spec`` for ``seed``, built on first use (and
+    announced: seconds, parameters, disk) and cached."""
+    path = cache_dir().parent / "llm" / f"{spec.name}-s{seed}-{_key(seed, spec)}"
     if (path / "harness-model.json").is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
     try:
-        _build(tmp, seed)
+        info = _build(tmp, seed, spec)
+        (tmp / "harness-model.json").write_text(json.dumps(info, indent=1))
         os.replace(tmp, path)  # atomic: a concurrent builder's result is equivalent
     except OSError:
         if not (path / "harness-model.json").is_file():
             raise
+    else:
+        announce(
+            f"embedded model {spec.name} (seed {seed}) built in {info['build_s']:.1f} s:"
+            f" {info['parameters'] / 1e9:.2f}B parameters, {info['bytes'] / 1e9:.2f} GB at {path}"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
@@ -159,5 +240,6 @@ def embedded_llm(seed: int = 0) -> Path:
 def describe(path: Path) -> dict[str, Any]:
     info: dict[str, Any] = json.loads((path / "harness-model.json").read_text())
     info["path"] = str(path)
-    info["shape"] = asdict(SHAPE)
+    spec = SPECS.get(str(info.get("name")), TINY)
+    info |= {"shape": asdict(spec.shape), "dtype": spec.dtype}
     return info

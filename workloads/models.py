@@ -9,6 +9,9 @@ Files are cached by content hash under ``$HARNESS_CACHE_DIR`` (default
 * ``tiny-cnn-dynhw``: the same network with dynamic height and width
 * ``tiny-encoder``: transformer text encoder, ``input_ids``/``attention_mask`` int64
   [batch, sequence] -> masked mean-pooled ``embedding`` [batch, 128]
+
+Their reference-sized counterparts (ResNet-50, BERT-base) are in ``workloads.refmodels``;
+``workloads.modelset`` picks between the two sets.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,19 +46,40 @@ DYNAMIC_DIMS_ALL = ("height", "width", "sequence")
 
 
 @dataclass(frozen=True)
+class EncoderShape:
+    """A text encoder's size; ``build_encoder`` builds any, with the same inputs, output
+    and semantics (``workloads.refmodels`` has the BERT-base-sized one)."""
+
+    graph: str = "tiny_encoder"
+    vocab: int = VOCAB
+    hidden: int = HIDDEN
+    heads: int = HEADS
+    layers: int = LAYERS
+    ffn: int = FFN
+    max_sequence: int = MAX_SEQUENCE
+
+
+TINY_ENCODER = EncoderShape()
+
+
+@dataclass(frozen=True)
 class EmbeddedModel:
     name: str
     path: Path
     sha256: str
     seed: int
+    generator_version: int = GENERATOR_VERSION
+    build: Mapping[str, Any] = field(default_factory=dict)
+    """What building it cost and gave (reference models: seconds, bytes, parameters)."""
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "sha256": self.sha256,
             "seed": self.seed,
-            "generator_version": GENERATOR_VERSION,
+            "generator_version": self.generator_version,
             "opset": OPSET,
+            **dict(self.build),
         }
 
 
@@ -83,8 +107,12 @@ class _Graph:
         self.inits.append(numpy_helper.from_array(array, name))
         return name
 
-    def weight(self, shape: tuple[int, ...], fan_in: int, prefix: str = "w") -> str:
-        scale = np.sqrt(2.0 / fan_in)
+    def weight(
+        self, shape: tuple[int, ...], fan_in: int, prefix: str = "w", gain: float = 1.0
+    ) -> str:
+        """He-initialised (variance 2 / fan_in, times ``gain`` squared): activations keep
+        their scale through ReLU layers, so deep models stay finite in fp16."""
+        scale = gain * np.sqrt(2.0 / fan_in)
         return self.const(self.rng.normal(0.0, scale, size=shape).astype(np.float32), prefix)
 
     def op(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
@@ -138,9 +166,9 @@ def build_cnn(seed: int, dynamic_hw: bool) -> bytes:
     return g.model("tiny_cnn_dynhw" if dynamic_hw else "tiny_cnn", inputs, outputs)
 
 
-def _layer_norm(g: _Graph, x: str) -> str:
-    scale = g.const(np.ones(HIDDEN, dtype=np.float32), "ln_g")
-    bias = g.const(np.zeros(HIDDEN, dtype=np.float32), "ln_b")
+def _layer_norm(g: _Graph, x: str, hidden: int) -> str:
+    scale = g.const(np.ones(hidden, dtype=np.float32), "ln_g")
+    bias = g.const(np.zeros(hidden, dtype=np.float32), "ln_b")
     return g.op("LayerNormalization", [x, scale, bias], axis=-1, epsilon=1e-5)
 
 
@@ -150,26 +178,27 @@ def _linear(g: _Graph, x: str, fan_in: int, fan_out: int) -> str:
     return g.op("Add", [g.op("MatMul", [x, w]), b])
 
 
-def _heads(g: _Graph, x: str, perm: list[int]) -> str:
-    shape = g.const(np.array([0, 0, HEADS, HIDDEN // HEADS], dtype=np.int64), "shape")
-    return g.op("Transpose", [g.op("Reshape", [x, shape])], perm=perm)
+def _heads(g: _Graph, x: str, perm: list[int], shape: EncoderShape) -> str:
+    split = np.array([0, 0, shape.heads, shape.hidden // shape.heads], dtype=np.int64)
+    return g.op("Transpose", [g.op("Reshape", [x, g.const(split, "shape")])], perm=perm)
 
 
-def _attention(g: _Graph, x: str, mask_bias: str) -> str:
-    q = _heads(g, _linear(g, x, HIDDEN, HIDDEN), [0, 2, 1, 3])
-    k = _heads(g, _linear(g, x, HIDDEN, HIDDEN), [0, 2, 3, 1])
-    v = _heads(g, _linear(g, x, HIDDEN, HIDDEN), [0, 2, 1, 3])
-    scale = g.const(np.array(1.0 / np.sqrt(HIDDEN // HEADS), dtype=np.float32))
+def _attention(g: _Graph, x: str, mask_bias: str, shape: EncoderShape) -> str:
+    hidden = shape.hidden
+    q = _heads(g, _linear(g, x, hidden, hidden), [0, 2, 1, 3], shape)
+    k = _heads(g, _linear(g, x, hidden, hidden), [0, 2, 3, 1], shape)
+    v = _heads(g, _linear(g, x, hidden, hidden), [0, 2, 1, 3], shape)
+    scale = g.const(np.array(1.0 / np.sqrt(hidden // shape.heads), dtype=np.float32))
     scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [q, k]), scale]), mask_bias])
     ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
     merged = g.op(
         "Reshape",
         [
             g.op("Transpose", [ctx], perm=[0, 2, 1, 3]),
-            g.const(np.array([0, 0, HIDDEN], dtype=np.int64), "shape"),
+            g.const(np.array([0, 0, hidden], dtype=np.int64), "shape"),
         ],
     )
-    return _linear(g, merged, HIDDEN, HIDDEN)
+    return _linear(g, merged, hidden, hidden)
 
 
 def _gelu(g: _Graph, x: str) -> str:
@@ -180,12 +209,12 @@ def _gelu(g: _Graph, x: str) -> str:
     return g.op("Mul", [g.op("Mul", [x, half]), g.op("Add", [erf, one])])
 
 
-def build_encoder(seed: int) -> bytes:
-    from onnx import TensorProto, helper  # noqa: PLC0415
-
-    g = _Graph(seed)
-    tok = g.const((g.rng.normal(0, 0.02, (VOCAB, HIDDEN))).astype(np.float32), "tok_emb")
-    pos = g.const((g.rng.normal(0, 0.02, (MAX_SEQUENCE, HIDDEN))).astype(np.float32), "pos_emb")
+def _embed(g: _Graph, shape: EncoderShape) -> str:
+    """Token plus learned position embeddings of ``input_ids``."""
+    rows = (shape.vocab, shape.hidden)
+    tok = g.const((g.rng.normal(0, 0.02, rows)).astype(np.float32), "tok_emb")
+    rows = (shape.max_sequence, shape.hidden)
+    pos = g.const((g.rng.normal(0, 0.02, rows)).astype(np.float32), "pos_emb")
     seq_len = g.op(
         "Squeeze",
         [
@@ -197,16 +226,11 @@ def build_encoder(seed: int) -> bytes:
         "Range",
         [g.const(np.array(0, dtype=np.int64)), seq_len, g.const(np.array(1, dtype=np.int64))],
     )
-    x = g.op("Add", [g.op("Gather", [tok, "input_ids"]), g.op("Gather", [pos, positions])])
-    mask_f = g.op("Cast", ["attention_mask"], to=TensorProto.FLOAT)
-    inv = g.op("Sub", [g.const(np.array(1.0, dtype=np.float32)), mask_f])
-    bias = g.op("Mul", [inv, g.const(np.array(-1e4, dtype=np.float32))])
-    mask_bias = g.op("Unsqueeze", [bias, g.const(np.array([1, 2], dtype=np.int64), "axes")])
-    for _ in range(LAYERS):
-        x = g.op("Add", [x, _attention(g, _layer_norm(g, x), mask_bias)])
-        ff = _linear(g, _gelu(g, _linear(g, _layer_norm(g, x), HIDDEN, FFN)), FFN, HIDDEN)
-        x = g.op("Add", [x, ff])
-    x = _layer_norm(g, x)
+    return g.op("Add", [g.op("Gather", [tok, "input_ids"]), g.op("Gather", [pos, positions])])
+
+
+def _pool(g: _Graph, x: str, mask_f: str) -> None:
+    """Masked mean over the sequence, written to ``embedding``."""
     m3 = g.op("Unsqueeze", [mask_f, g.const(np.array([2], dtype=np.int64), "axes")])
     axis1 = g.const(np.array([1], dtype=np.int64), "axes")
     total = g.op("ReduceSum", [g.op("Mul", [x, m3]), axis1], keepdims=0)
@@ -216,12 +240,31 @@ def build_encoder(seed: int) -> bytes:
     )
     g.op("Div", [total, count])
     g.nodes[-1].output[0] = "embedding"
+
+
+def build_encoder(seed: int, shape: EncoderShape = TINY_ENCODER) -> bytes:
+    """Pre-LayerNorm transformer encoder of ``shape``: ``input_ids``/``attention_mask``
+    int64 [batch, sequence] -> masked mean-pooled ``embedding`` [batch, hidden]."""
+    from onnx import TensorProto, helper  # noqa: PLC0415
+
+    g = _Graph(seed)
+    hidden = shape.hidden
+    x = _embed(g, shape)
+    mask_f = g.op("Cast", ["attention_mask"], to=TensorProto.FLOAT)
+    inv = g.op("Sub", [g.const(np.array(1.0, dtype=np.float32)), mask_f])
+    bias = g.op("Mul", [inv, g.const(np.array(-1e4, dtype=np.float32))])
+    mask_bias = g.op("Unsqueeze", [bias, g.const(np.array([1, 2], dtype=np.int64), "axes")])
+    for _ in range(shape.layers):
+        x = g.op("Add", [x, _attention(g, _layer_norm(g, x, hidden), mask_bias, shape)])
+        up = _linear(g, _layer_norm(g, x, hidden), hidden, shape.ffn)
+        x = g.op("Add", [x, _linear(g, _gelu(g, up), shape.ffn, hidden)])
+    _pool(g, _layer_norm(g, x, hidden), mask_f)
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
     ]
-    outputs = [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", HIDDEN])]
-    return g.model("tiny_encoder", inputs, outputs)
+    outputs = [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", hidden])]
+    return g.model(shape.graph, inputs, outputs)
 
 
 BUILDERS: dict[str, Callable[[int], bytes]] = {

@@ -38,7 +38,7 @@ from harness.api import (
     stats,
     summarize_stream,
 )
-from workloads import inputs, models
+from workloads import inputs, modelset
 from workloads.generative import make_requests, model_dir, open_generative, vocab_size
 from workloads.precision import (
     TOKEN_TOLERANCE,
@@ -51,8 +51,7 @@ from workloads.precision import (
 from workloads.usermodel import fixed_batch, user_model
 
 PRECISIONS = ("fp16", "bf16", "int8")
-# embedded model -> sizes of its dynamic dims (batch aside)
-EMBEDDED = {"tiny-cnn": {}, "tiny-encoder": {"sequence": 64}}
+EMBEDDED = ("tiny-cnn", "tiny-encoder")  # as named in the tiny set (workloads.modelset)
 CLASSIFIERS = ("tiny-cnn",)
 BATCH = 8
 POOL = 8
@@ -64,6 +63,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = ["user-model"] if settings_of(metafunc.config).model else list(EMBEDDED)
     grid = [(m, p) for m in names for p in PRECISIONS]
     metafunc.parametrize(("model", "precision"), grid, ids=[f"{m}-{p}" for m, p in grid])
+
+
+def embedded_dims(model: str, settings: RunSettings) -> dict[str, int]:
+    """Sizes of an embedded model's dynamic dims (batch aside): the encoder at a quarter of
+    its positions (64 tiny, 128 BERT-base), where text encoders are usually measured."""
+    if model not in EMBEDDED:
+        return {}
+    top = modelset.sizes(model, settings).max_sequence
+    return {"sequence": top // 4} if top else {}
 
 
 def _options(engine: str, precision: str, device: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -120,7 +128,7 @@ def test_precision(
     settings = harness_settings
     ref_options, low_options = _options(cell.engine, precision, settings.device)
     user = user_model(settings, cell.engine)
-    embedded = None if user else models.embedded(model, settings.seed)
+    embedded = None if user else modelset.embedded(model, settings)
     path = user.path if user else embedded.path  # type: ignore[union-attr]
     reference = _tensor(open_engine(path, options=ref_options))
     reference_info = cell.engine_info
@@ -130,7 +138,7 @@ def test_precision(
         cell.engine_info["embedded_model"] = embedded.describe()
     if user is not None:
         cell.engine_info["user_model"] = user.describe()
-    dims = {**EMBEDDED.get(model, {}), **settings.dims}
+    dims = {**embedded_dims(model, settings), **settings.dims}
     # answers are compared row by row: a model with a fixed batch is fed that batch
     batch = fixed_batch(reference.input_specs()) or BATCH
     rng = np.random.default_rng(settings.seed)

@@ -38,23 +38,39 @@ from harness.api import (
     settings_of,
     stats,
 )
-from workloads import inputs, models
+from workloads import inputs, models, modelset
 from workloads.usermodel import open_model
 
-# Embedded model -> maximum size of each of its dynamic dims.
-EMBEDDED_DIMS: dict[str, dict[str, int]] = {
-    "tiny-encoder": {"sequence": models.MAX_SEQUENCE},
-    "tiny-cnn-dynhw": {"height": 128, "width": 128},
-}
+EMBEDDED = ("tiny-encoder", "tiny-cnn-dynhw")  # as named in the tiny set (workloads.modelset)
 MODES = ("fixed", "dynamic", "bucketed")
 INT_HIGH = models.VOCAB
+
+
+def embedded_dims(model: str, settings: RunSettings) -> dict[str, int]:
+    """Maximum size of each dynamic dim of the embedded model that stands for ``model``:
+    the encoder's whole position table (256 tiny, 512 BERT-base); twice the side the CNN
+    was built for (128 tiny, 448 ResNet-50)."""
+    if model not in EMBEDDED:
+        return {}
+    found = modelset.sizes(model, settings)
+    if found.max_sequence:
+        return {"sequence": found.max_sequence}
+    side = 2 * (found.image or 0)
+    return {"height": side, "width": side}
+
+
+def int_high(model: str, settings: RunSettings) -> int:
+    """Token ids are drawn below this: the embedded encoder's vocabulary; for a user's
+    model, the tiny encoder's (``INT_HIGH``: ids a text model surely has)."""
+    vocab = modelset.sizes(model, settings).vocab if model in EMBEDDED else None
+    return vocab or INT_HIGH
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.function.__name__ != "test_shapes":
         return
     settings = settings_of(metafunc.config)
-    names = ["user-model"] if settings.model else list(EMBEDDED_DIMS)
+    names = ["user-model"] if settings.model else list(EMBEDDED)
     grid = [(m, mode) for m in names for mode in MODES]
     metafunc.parametrize(("model", "mode"), grid, ids=[f"{m}-{mode}" for m, mode in grid])
 
@@ -93,7 +109,7 @@ def _maxima(specs: tuple[TensorSpec, ...], model: str, settings: RunSettings) ->
         pytest.skip(
             f"the model has no dynamic non-batch dims ({shapes}): there are no shapes to vary"
         )
-    defaults = EMBEDDED_DIMS.get(model, {})
+    defaults = embedded_dims(model, settings)
     missing = [n for n in names if n not in settings.dims and n not in defaults]
     if missing:
         raise EngineError(
@@ -125,13 +141,14 @@ def test_shapes(
     maxima = _maxima(specs, model, harness_settings)
     rng = np.random.default_rng(seed)
     sizes = draw_sizes(maxima, harness_settings.profile.requests, rng)
-    warm = inputs.synthesize(specs, maxima, rng, int_high=INT_HIGH)
+    high = int_high(model, harness_settings)
+    warm = inputs.synthesize(specs, maxima, rng, int_high=high)
     engine.warmup(warm, harness_settings.profile.warmup_iterations)
     seen = {_shape_key(maxima)}
 
     targets = [target_shape(mode, size, maxima) for size in sizes]
     requests = [
-        inputs.pad_to(inputs.synthesize(specs, size, rng, int_high=INT_HIGH), specs, target)
+        inputs.pad_to(inputs.synthesize(specs, size, rng, int_high=high), specs, target)
         for size, target in zip(sizes, targets, strict=True)
     ]
     with gc_paused():

@@ -38,7 +38,7 @@ from engines.onnxprep import (
     make_batch_dynamic,
 )
 from harness.api import Family, RunSettings, TensorSpec, cache_root, registry
-from workloads import inputs, models
+from workloads import inputs, models, modelset
 
 MODEL_FREE = frozenset({"null"})
 """Tensor engines that read no model file."""
@@ -245,12 +245,13 @@ def open_model(
     open_engine: Any, cell: Any, settings: Any, default: str, batches: Collection[int] = (1,)
 ) -> Any:
     """Load ``--model`` if given (as ``workloads.usermodel`` prepared it), else the embedded
-    ``default``, as a tensor engine of the cell; skips the cell when the model's fixed
-    batch dimension cannot take the ``batches`` sizes the cell sends."""
+    model that stands for ``default`` in the run's model set (``workloads.modelset``), as
+    a tensor engine of the cell; skips the cell when the model's fixed batch dimension
+    cannot take the ``batches`` sizes the cell sends."""
     from harness.api import EngineError, TensorEngine  # noqa: PLC0415
 
     user = user_model(settings, cell.engine)
-    embedded_model = None if user else models.embedded(default, settings.seed)
+    embedded_model = None if user else modelset.embedded(default, settings)
     engine = open_engine(user.path if user else embedded_model.path)  # type: ignore[union-attr]
     if not isinstance(engine, TensorEngine):
         raise EngineError(f"{cell.engine} is not a tensor engine")

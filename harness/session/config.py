@@ -95,6 +95,16 @@ PROFILES: dict[ProfileName, Profile] = {
 }
 
 
+class ModelSet(enum.StrEnum):
+    """Which embedded models the workloads run when no ``--model`` is given."""
+
+    TINY = "tiny"
+    REFERENCE = "reference"
+
+
+MODEL_SET_CHOICES = ("auto", *(m.value for m in ModelSet))
+
+
 @dataclass(frozen=True)
 class RunSettings:
     engines: tuple[str, ...]
@@ -123,6 +133,8 @@ class RunSettings:
     ``compare`` can judge a change against the spread between processes."""
     engine_grid: EngineGrid = field(default_factory=EngineGrid)
     """Configurations each engine's cells are measured in (``--engine-grid``)."""
+    model_set: ModelSet = ModelSet.TINY
+    """The embedded models' sizes (``--model-set``, ``auto`` resolved by the device)."""
 
     def options_for(self, engine: str, params: Mapping[str, object]) -> dict[str, str]:
         """The options the user fixed for a cell of ``engine`` with ``params``: its
@@ -155,6 +167,7 @@ class RunSettings:
             "repeats": self.repeats,
             "traffic": self.traffic.to_json(),
             "engine_grid": self.engine_grid.to_json(),
+            "model_set": self.model_set.value,
         }
 
     @property
@@ -219,6 +232,18 @@ def _device(device: str) -> str:
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
         raise UsageError(f"--device {device!r}: use cpu, cuda or cuda:N")
     return device
+
+
+def _model_set(value: str, device: str) -> ModelSet:
+    """``auto``: the reference-sized models on a GPU, which the tiny ones leave idle
+    (launch overhead is all they measure there); the tiny ones on a CPU."""
+    if value == "auto":
+        return ModelSet.REFERENCE if device.startswith("cuda") else ModelSet.TINY
+    try:
+        return ModelSet(value)
+    except ValueError:
+        choices = ", ".join(MODEL_SET_CHOICES)
+        raise UsageError(f"--model-set {value!r}: choose one of {choices}") from None
 
 
 def _model(model: str | None) -> Path | None:
@@ -330,6 +355,7 @@ def parse_settings(
     traffic: Traffic | None = None,
     engine_grid: Sequence[str] | None = None,
     engine_grid_file: str | None = None,
+    model_set: str = "auto",
 ) -> RunSettings:
     names = _engines(engines)
     options = _engine_options(engine_options, names)
@@ -337,9 +363,10 @@ def parse_settings(
     reliability = reliability or Reliability()
     if seed < 0:
         raise UsageError(f"--seed must be >= 0, got {seed}")
+    device = _device(device)
     return RunSettings(
         engines=names,
-        device=_device(device),
+        device=device,
         profile=_profile(profile, window, requests),
         results_dir=Path(results_dir),
         seed=seed,
@@ -356,6 +383,7 @@ def parse_settings(
         dist=dist,
         repeats=check_repeats(repeats, reliability, dist),
         traffic=traffic or Traffic(),
+        model_set=_model_set(model_set, device),
     )
 
 

@@ -454,6 +454,9 @@ class Watch:
     def _on_progress(self, data: dict[str, Any]) -> None:
         progress.forward(self.sup.config, data)
 
+    def _on_note(self, data: dict[str, Any]) -> None:
+        progress.say(self.sup.config, str(data.get("text", "")))
+
     def _on_incident(self, data: dict[str, Any]) -> None:
         self.sup.recorder.incident(str(data.get("text", "")))
 

@@ -12,7 +12,7 @@ import pytest
 
 from harness.exceptions import UsageError
 from harness.results import redact
-from harness.session.config import ProfileName, RunSettings, parse_settings
+from harness.session.config import MODEL_SET_CHOICES, ProfileName, RunSettings, parse_settings
 from harness.session.execution import parse_dist, parse_reliability
 from harness.session.progress import add_option as add_progress_option
 from harness.session.traffic import DATASET_FORMATS, TRACE_FORMATS, parse_traffic
@@ -36,6 +36,13 @@ def add_options(parser: pytest.Parser) -> None:
         help="preprocessing workload: your .jpg/.png files instead of the seeded synthetic set",
     )
     group.addoption("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    group.addoption(
+        "--model-set",
+        default="auto",
+        metavar="|".join(MODEL_SET_CHOICES),
+        help="the embedded models' sizes: tiny (CPU, smoke runs) or reference (ResNet-50,"
+        " BERT-base, a 1B Llama); auto: reference on cuda, tiny otherwise (default: auto)",
+    )
     group.addoption(
         "--results-dir",
         default="results/runs",
@@ -386,6 +393,7 @@ def settings_from(config: pytest.Config) -> RunSettings:
         return parse_settings(
             engines=opt("engine"),
             device=opt("device"),
+            model_set=opt("model_set"),
             profile=opt("profile"),
             results_dir=opt("results_dir"),
             seed=opt("seed"),

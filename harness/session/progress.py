@@ -30,6 +30,7 @@ from harness.exceptions import UsageError
 from harness.load.progress import LIVE, LoadSnapshot
 from harness.results.records import PlannedCell, format_param
 from harness.results.redact import redact_text
+from harness.session import announce
 from harness.session.config import RunSettings
 from harness.session.execution import Dist, Isolation
 from harness.session.progressview import (
@@ -292,9 +293,38 @@ def forward(config: pytest.Config, data: Mapping[str, Any]) -> None:
         view.update(data)
 
 
+def say(config: pytest.Config, text: str) -> None:
+    """A line for the user (``harness.session.announce``), from this session or from a
+    worker's "note" event: written where the view's display is, which steps aside."""
+    view = config.pluginmanager.get_plugin(NAME)
+
+    def step_aside() -> None:
+        if isinstance(view, ProgressView):
+            with view.lock:
+                view.display.pause()
+
+    announce.to_terminal(config, text, step_aside)
+
+
+def _install_announcer(config: pytest.Config, run: RunGetter) -> None:
+    if not config.getoption("harness_worker"):
+        announce.install(config, lambda text: say(config, text))
+        return
+
+    def send(text: str) -> None:
+        state = run()
+        if state is not None and state.sink is not None:
+            state.sink.send("note", text=text)
+        else:  # no controller to tell (yet): the worker's log keeps it
+            announce.to_stderr(text)
+
+    announce.install(config, send)
+
+
 def register(config: pytest.Config, settings: RunSettings, run: RunGetter) -> None:
     """The progress plugin of this session's role: a worker's sampler, or the view of a
-    session that runs cells here or in workers."""
+    session that runs cells here or in workers; and where announcements go."""
+    _install_announcer(config, run)
     try:
         mode = parse_mode(str(config.getoption("harness_progress")))
     except UsageError as exc:

@@ -333,6 +333,7 @@ SETTINGS_ADDED_LATER: dict[str, object] = {
     "repeats": 1,
     "traffic": traffic.DEFAULT_JSON,
     "engine_grid": {},
+    "model_set": "tiny",
 }
 """Settings newer than some run directories, with the value older runs measured with."""
 
