@@ -23,6 +23,14 @@ empty. Without running usage, a chunk with text counts as one token and ``descri
 says so. An HTTP error, an in-band error event or a stream that ends without ``[DONE]``
 fails the request.
 
+``dialect`` says what the server's API takes. ``vllm`` (the default, and what SGLang,
+trtllm-serve and LMDeploy take too): token-id prompts as lists, the ``ignore_eos`` field.
+``transformers`` (Hugging Face ``transformers serve``, engines/transformers_server.py):
+text prompts only, so token ids are decoded with the run's tokenizer and the server
+tokenizes them again (its count is the prompt's); the end of sequence ignored through
+the request's ``generation_config`` (``eos_token_id: -1``); a stream ends at its last
+chunk, without ``[DONE]``.
+
 A reasoning model's thinking, where the server separates it from the answer (vLLM with
 ``--reasoning-parser``, SGLang, DeepSeek, Ollama, OpenRouter...), comes beside the
 answer's ``content`` as ``delta.reasoning`` or ``delta.reasoning_content``; its tokens
@@ -34,15 +42,25 @@ appears in ``describe()``, records or logs.
 
 from __future__ import annotations
 
+__all__ = [
+    "OPTIONS",
+    "OpenAIEngine",
+    "RequestFailed",
+    "StreamState",
+    "server_conflict",
+    "sse_events",
+]
+
 import asyncio
 import importlib.util
 import json
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from engines.openai_stream import RequestFailed, StreamState, sse_events
 from engines.vllm_server import SERVER_DEFAULTS
 from harness.engine import (
     Availability,
@@ -54,10 +72,19 @@ from harness.engine import (
     Family,
     GenerationRequest,
     Message,
-    RequestError,
     counter_totals,
 )
 from harness.engine.options import OptionSchema, choice, custom, flag, integer, number, text
+
+# the stream's parsing lives in engines/openai_stream.py; its names are this engine's API too
+__all__ = [
+    "OPTIONS",
+    "OpenAIEngine",
+    "RequestFailed",
+    "StreamState",
+    "server_conflict",
+    "sse_events",
+]
 
 
 def _base_url(url: str) -> str:
@@ -67,10 +94,19 @@ def _base_url(url: str) -> str:
 
 
 APIS = ("auto", "completions", "chat")
+SERVERS = ("vllm", "transformers")
+DIALECTS = ("vllm", "transformers")
+KEEPALIVE_S = 3.0
+"""How long an idle connection is kept for the next request: under uvicorn's 5 s (vLLM's and
+transformers serve's servers), so that the client never sends on a connection the server
+is closing (aiohttp's default, 15 s, lost a request to "Can not write request body" after a
+pause between a cell's phases)."""
+IGNORE_EOS_CONFIG = json.dumps({"eos_token_id": -1})
+"""transformers serve's way to ignore the end of sequence: no token id is -1."""
 OPTIONS = OptionSchema(
     custom(
         "base_url",
-        "server root, e.g. http://127.0.0.1:8000 (absent: the harness starts vLLM)",
+        "server root, e.g. http://127.0.0.1:8000 (absent: the harness starts one: server)",
         _base_url,
         "http(s)://HOST[:PORT]",
     ),
@@ -98,130 +134,51 @@ OPTIONS = OptionSchema(
     integer(
         "max_num_seqs",
         "the harness-started vLLM server's --max-num-seqs (not with base_url: that server"
-        " has its own)",
+        " has its own; transformers serve has no such flag)",
         default=SERVER_DEFAULTS["max_num_seqs"],
     ),
     integer(
         "max_num_batched_tokens",
-        "the harness-started vLLM server's --max-num-batched-tokens (not with base_url)",
+        "the harness-started server's tokens per batch (vLLM's --max-num-batched-tokens,"
+        " transformers serve's --cb-max-batch-tokens; not with base_url)",
         default=SERVER_DEFAULTS["max_num_batched_tokens"],
     ),
+    choice(
+        "server",
+        "the server the harness starts when base_url is absent: vllm, or transformers"
+        " (transformers serve with continuous batching; sets dialect=transformers)",
+        SERVERS,
+        default="vllm",
+    ),
+    choice(
+        "dialect",
+        "what the server's API takes: vllm (token-id prompts, ignore_eos), transformers"
+        " (transformers serve: text prompts, generation_config; default with"
+        " server=transformers)",
+        DIALECTS,
+        default="vllm",
+    ),
 )
-SERVER_OPTIONS = tuple(SERVER_DEFAULTS)
+SERVER_OPTIONS = (*SERVER_DEFAULTS, "server")
 """Options that set the server the harness starts, not the client."""
 
 
 def server_conflict(options: Mapping[str, str]) -> str | None:
     """Why ``options`` cannot be used together (server settings for a server the user
     runs), or None."""
+    if options.get("server") == "transformers" and options.get("dialect") == "vllm":
+        return (
+            "server=transformers takes the transformers dialect (text prompts, no ignore_eos"
+            " field); leave dialect unset"
+        )
     chosen = sorted(k for k in SERVER_OPTIONS if k in options)
     if chosen and options.get("base_url"):
         return (
-            f"{', '.join(chosen)} set{'s' if len(chosen) == 1 else ''} the vLLM server the"
+            f"{', '.join(chosen)} set{'s' if len(chosen) == 1 else ''} the server the"
             " harness starts; the server at base_url runs with its own settings (benchmark"
             " it started each way, and compare the runs)"
         )
     return None
-
-
-class RequestFailed(RequestError):
-    """One request failed (HTTP status, in-band error, truncated stream)."""
-
-
-class StreamState:
-    """Turns parsed SSE payloads into chunks; pure, so it is tested on recorded streams."""
-
-    def __init__(self, api: str) -> None:
-        self.api = api
-        self.done = False
-        self.last_completion_tokens: int | None = None
-        self.running_usage = False
-        self._texts: list[str] = []
-        self._thinking = False  # the stream's text so far ends in reasoning
-        self._server_reasoning = False  # the server's running reasoning count has moved
-        self._last_reasoning = 0
-
-    def feed(self, data: str) -> Chunk | None:
-        """One SSE ``data`` field; returns the chunk it carried (None: nothing to yield)."""
-        if data.strip() == "[DONE]":
-            self.done = True
-            return None
-        try:
-            event = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise RequestFailed(f"malformed SSE data: {data[:120]!r}") from exc
-        if not isinstance(event, dict):
-            raise RequestFailed(f"unexpected SSE payload: {data[:120]!r}")
-        if "error" in event:
-            err = event["error"]
-            message = err.get("message", err) if isinstance(err, dict) else err
-            raise RequestFailed(f"server error event: {message}")
-        return self._chunk(event)
-
-    def _chunk(self, event: dict[str, Any]) -> Chunk | None:
-        choices = event.get("choices") or []
-        text, reasoning, finish = "", "", None
-        if choices:
-            choice = choices[0]
-            # chat: the delta's fields; completions: the choice's own (vLLM's completions
-            # API does not separate reasoning: there it stays empty)
-            fields = (choice.get("delta") or {}) if self.api == "chat" else choice
-            text = fields.get("content" if self.api == "chat" else "text") or ""
-            reasoning = _reasoning_text(fields)
-            finish = choice.get("finish_reason")
-        usage = event.get("usage") or {}
-        completion = usage.get("completion_tokens")
-        if not choices:
-            # the final usage-only chunk: totals, no new tokens
-            return Chunk(
-                n_tokens=0, completion_tokens=completion, prompt_tokens=usage.get("prompt_tokens")
-            )
-        self._texts.append(reasoning + text)  # re-tokenized whole: all of the output
-        if completion is not None:
-            self.running_usage = True
-            n = completion - (self.last_completion_tokens or 0)
-            self.last_completion_tokens = completion
-        else:
-            n = (1 if text else 0) + (1 if reasoning else 0)
-        n = max(n, 0)
-        return Chunk(
-            n_tokens=n,
-            text=text,
-            completion_tokens=completion,
-            prompt_tokens=usage.get("prompt_tokens"),
-            finish_reason=finish,
-            reasoning_tokens=self._reasoning_tokens(n, reasoning, text, usage),
-        )
-
-    def _reasoning_tokens(self, n: int, reasoning: str, text: str, usage: Any) -> int:
-        """How many of a chunk's ``n`` tokens are reasoning: the difference of the server's
-        running count where it keeps one (vLLM's continuous usage with a reasoning parser
-        that counts: ``completion_tokens_details.reasoning_tokens``), else by the chunk's
-        text: all when it is reasoning only, none when it is answer only, split by length
-        when it has both (at least one of each); a chunk without text (a token whose text
-        comes later) belongs to the part under way."""
-        if reasoning or text:
-            self._thinking = not text
-        details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
-        running = details.get("reasoning_tokens") if isinstance(details, dict) else None
-        if isinstance(running, int) and (running > 0 or self._server_reasoning):
-            self._server_reasoning = True
-            counted, self._last_reasoning = running - self._last_reasoning, running
-            return min(max(counted, 0), n)
-        if reasoning and text:
-            if n < 2:
-                return 0
-            share = round(n * len(reasoning) / (len(reasoning) + len(text)))
-            return min(max(share, 1), n - 1)
-        return n if self._thinking else 0
-
-    def close(self) -> None:
-        if not self.done:
-            raise RequestFailed("stream truncated: ended without [DONE]")
-
-    @property
-    def text(self) -> str:
-        return "".join(self._texts)
 
 
 class OpenAIEngine:
@@ -247,6 +204,7 @@ class OpenAIEngine:
         self.timeout = float(o["timeout_s"])
         self.served_model = o.get("served_model", "")
         self.ignore_eos_field = o["ignore_eos_field"] == "1"
+        self.dialect = o["dialect"]
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tokenizer: Any = None
@@ -255,6 +213,7 @@ class OpenAIEngine:
         self._loaded = False
         self._scrape_client: Any = None  # kept alive between scrapes of /metrics
         self._scrape_by_name: bool | None = None  # None: not tried yet
+        self._no_metrics = False
 
     @classmethod
     def probe(cls, device: str) -> Availability:
@@ -321,7 +280,11 @@ class OpenAIEngine:
         prometheus_client's exposition takes them (``/metrics/?name[]=...``, which vLLM's
         /metrics mount serves): on the vLLM CPU server that is 3 KB instead of 74 KB and
         1.9 ms of the server's CPU instead of 4.9 ms per scrape. A server that does not
-        answer so with any of them is asked for its whole ``/metrics`` from then on."""
+        answer so with any of them is asked for its whole ``/metrics`` from then on; one
+        that has none (404: transformers serve) is not asked again, so that scraping does
+        not load the server it measures."""
+        if self._no_metrics:
+            raise EngineError(f"{self.base_url} has no /metrics (HTTP 404 when first asked)")
         if self._scrape_client is None:
             self._scrape_client = self._sync_client()
         if names and self._scrape_by_name is not False:
@@ -334,6 +297,7 @@ class OpenAIEngine:
             if self._scrape_by_name:
                 return str(resp.text)
         resp = self._scrape_client.get("/metrics")
+        self._no_metrics = resp.status_code == 404
         resp.raise_for_status()
         return str(resp.text)
 
@@ -347,6 +311,7 @@ class OpenAIEngine:
                 "served_model": self.served_model,
                 "api": self.api,
                 "ignore_eos_field": self.ignore_eos_field,
+                "dialect": self.dialect,
                 "timeout_s": self.timeout,
             },
             "base_url": self.base_url,
@@ -362,6 +327,10 @@ class OpenAIEngine:
                 else "unknown yet"
             ),
             "ignore_eos_field": self.ignore_eos_field,
+            "dialect": self.dialect,
+            "token_id_prompts": "decoded to text; the server tokenizes them again"
+            if self.dialect == "transformers"
+            else "sent as token ids",
             "client": {"library": "aiohttp", "timeout_s": self.timeout},
             "client_retokenization": str(self.config.model) if self._tokenizer else None,
         }
@@ -393,16 +362,31 @@ class OpenAIEngine:
             # usage in the stream: prompt and completion tokens as the server counted them
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
-        if self.ignore_eos_field:
+        if self.dialect == "transformers":
+            # its API refuses fields it does not know (HTTP 422)
+            body["stream_options"] = {"include_usage": True}
+            if request.ignore_eos:
+                body["generation_config"] = IGNORE_EOS_CONFIG
+        elif self.ignore_eos_field:
             body["ignore_eos"] = request.ignore_eos  # false: the reply ends at the EOS
         if self.endpoint(request) == "chat":
             messages = request.messages or (Message("user", str(request.prompt)),)
             body["messages"] = [{"role": m.role, "content": m.content} for m in messages]
+        elif isinstance(request.prompt, tuple):
+            body["prompt"] = self._token_prompt(request.prompt)
         else:
-            body["prompt"] = (
-                list(request.prompt) if isinstance(request.prompt, tuple) else request.prompt
-            )
+            body["prompt"] = request.prompt
         return body
+
+    def _token_prompt(self, ids: tuple[int, ...]) -> list[int] | str:
+        if self.dialect != "transformers":
+            return list(ids)
+        if self._tokenizer is None:
+            raise EngineError(
+                "openai.dialect=transformers sends token-id prompts as text, which needs the"
+                " run's tokenizer: a local model directory with one, and transformers installed"
+            )
+        return str(self._tokenizer.decode(ids))
 
     async def _session(self) -> Any:
         """The streaming client, made in the loop that uses it (aiohttp binds to one)."""
@@ -415,7 +399,9 @@ class OpenAIEngine:
                 timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=10.0, sock_read=self.timeout
                 ),
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+                connector=aiohttp.TCPConnector(
+                    limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
+                ),
             )
         return self._client
 
@@ -426,7 +412,7 @@ class OpenAIEngine:
         body = self.payload(request)
         session = await self._session()
         path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
-        state = StreamState(api)
+        state = StreamState(api, transformers_serve=self.dialect == "transformers")
         t_post = time.perf_counter()
         async with session.post(self.base_url + path, json=body) as response:
             # sent to response headers: connection, transfer and the server's admission
@@ -464,51 +450,6 @@ class OpenAIEngine:
             loop.run_until_complete(self.aclose())
         else:
             self._client = None  # its loop is gone: the sockets went with it
-
-
-REASONING_FIELDS = ("reasoning_content", "reasoning")
-"""Where OpenAI-compatible servers stream reasoning beside ``content``: vLLM 0.32 sends
-``reasoning`` (as do OpenRouter and Ollama), earlier vLLM, DeepSeek, SGLang and
-TensorRT-LLM ``reasoning_content``. A server that sends both sends the same text twice."""
-
-
-def _reasoning_text(fields: Mapping[str, Any]) -> str:
-    for name in REASONING_FIELDS:
-        value = fields.get(name)
-        if isinstance(value, str) and value:
-            return value
-    return ""
-
-
-async def sse_events(chunks: AsyncIterable[bytes]) -> AsyncIterator[tuple[str, str]]:
-    """Server-sent events as ``(event, data)`` from a byte stream in arbitrary pieces.
-
-    SSE: ``field: value`` lines, a blank line ends an event, ``:`` starts a comment.
-    Splitting whole received pieces, not reading line by line, keeps the client's cost
-    per streamed request low enough not to be the bottleneck."""
-    buf = b""
-    async for piece in chunks:
-        buf = (buf + piece).replace(b"\r\n", b"\n")
-        *complete, buf = buf.split(b"\n\n")
-        for raw in complete:
-            parsed = _event(raw)
-            if parsed is not None:
-                yield parsed
-    if buf.strip():
-        parsed = _event(buf)
-        if parsed is not None:
-            yield parsed
-
-
-def _event(raw: bytes) -> tuple[str, str] | None:
-    event, data = "message", []
-    for line in raw.decode("utf-8", errors="replace").split("\n"):
-        name, _, value = line.partition(":")
-        if name == "data":
-            data.append(value.removeprefix(" "))
-        elif name == "event":
-            event = value.removeprefix(" ")
-    return (event, "\n".join(data)) if data else None
 
 
 def _client_tokenizer(model: Path | str | None) -> Any:

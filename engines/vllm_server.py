@@ -12,46 +12,18 @@ server (an HTTP error: failed requests, never raw text sent instead).
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
+from engines.localserver import Server, free_port, last_error, local_server, split_cpus
 from harness.engine import installed_version
+
+__all__ = ["Server", "last_error", "split_cpus", "vllm_server"]
 
 # vLLM's message queues otherwise bind the machine's own non-loopback address.
 LOOPBACK_ENV = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1"}
-
-OFFLINE_ENV = {
-    **LOOPBACK_ENV,
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class Server:
-    base_url: str
-    pid: int
-    log: Path
 
 
 def eager_flags(cpu_build: bool | None = None) -> list[str]:
@@ -106,9 +78,6 @@ def command(
 
 
 POLLER_NICENESS = 19
-# The server shares the machine with the load generator: below the generator's priority,
-# so the generator sends on time (its lag is checked) and the server takes the rest.
-SERVER_NICENESS = 5
 
 
 def deprioritize_pollers(pid: int) -> list[int]:
@@ -133,24 +102,6 @@ def deprioritize_pollers(pid: int) -> list[int]:
     return changed
 
 
-def split_cpus() -> tuple[frozenset[int], frozenset[int]] | None:
-    """(client cores, server cores): the first half for the load generator, the rest for
-    the server; None on a single core, where there is nothing to split."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        return None
-    half = len(cores) // 2
-    return frozenset(cores[:half]), frozenset(cores[half:])
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:  # noqa: S310 (loopback only)
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 @contextmanager
 def vllm_server(
     model: Path,
@@ -166,66 +117,12 @@ def vllm_server(
     generator on the other cores is never preempted by it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, **OFFLINE_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib)}
+    env = {**LOOPBACK_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib)}
     if cpus:
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command(model, port, extra, settings=settings),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            # before vLLM (seconds of imports later) spawns its engine, which inherits it
-            os.setpriority(os.PRIO_PROCESS, proc.pid, SERVER_NICENESS)
-            if cpus:
-                os.sched_setaffinity(proc.pid, cpus)
-            _wait_ready(proc, url, log, ready_timeout_s)
-            deprioritize_pollers(proc.pid)
-            yield Server(url, proc.pid, log)
-        finally:
-            _stop(proc)
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            text = log.read_text(errors="replace")
-            raise RuntimeError(
-                f"vLLM server exited with {proc.returncode} before ready: {last_error(text)}"
-                f" (log: {log}; its end:\n{text[-2000:]})"
-            )
-        if _healthy(url):
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"vLLM server at {url} not ready after {timeout_s:g} s (log: {log})")
-
-
-_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception)\b:?.*$", re.MULTILINE)
-
-
-def last_error(log_text: str) -> str:
-    """The last exception of a server's log, with the indented lines that continue it
-    (pydantic puts the message there): what a record's reason should say first, where the
-    log's end is mostly traceback. A note when there is none."""
-    found = list(_ERROR_LINE.finditer(log_text))
-    if not found:
-        return "no exception line in its log"
-    first, *rest = log_text[found[-1].start() :].splitlines()
-    more = [line.strip() for line in rest[:3] if line[:1].isspace() and line.strip()]
-    return " ".join([first.strip(), *more])[:600]
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)  # the server spawns an engine-core process
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    argv = command(model, port, extra, settings=settings)
+    with local_server(
+        "vLLM server", argv, url, log, env=env, ready_timeout_s=ready_timeout_s, cpus=cpus
+    ) as proc:
+        deprioritize_pollers(proc.pid)
+        yield Server(url, proc.pid, log)

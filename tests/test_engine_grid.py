@@ -249,7 +249,7 @@ def test_server_settings_become_the_harness_started_servers_flags():
 def test_server_settings_with_a_users_server_are_refused_at_configuration():
     engines = ("openai",)
     user = {"openai": {"base_url": "http://127.0.0.1:9"}}
-    with pytest.raises(UsageError, match="max_num_seqs sets the vLLM server the harness starts"):
+    with pytest.raises(UsageError, match="max_num_seqs sets the server the harness starts"):
         parse_grid(["openai.max_num_seqs=2,4"], None, engines, user, validate)
     g = parse_grid(["openai.max_num_seqs=2,4"], None, engines, {}, validate)
     assert g.labels("openai") == ("max_num_seqs=2", "max_num_seqs=4")

@@ -1,15 +1,16 @@
 """What the workloads share: the start-up checks of the user's ``--model``, ``--dim`` and
-``--images``, and the vLLM server behind ``--engine=openai``."""
+``--images``, and the server the harness starts behind ``--engine=openai`` (vLLM, or
+``transformers serve`` with ``--engine-opt openai.server=transformers``)."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,17 +85,20 @@ class Endpoint:
     start_s: float
     """How long the server took to start (recorded, never measured as latency)."""
     settings: tuple[tuple[str, str], ...]
+    server: str = "vllm"
+    """Which server: ``vllm`` or ``transformers`` (``transformers serve``)."""
 
     def pin_client(self) -> None:
         if self.client_cpus:
             os.sched_setaffinity(0, self.client_cpus)
 
 
-ServerKey = tuple[bool, tuple[tuple[str, str], ...]]
+ServerKey = tuple[str, bool, tuple[tuple[str, str], ...]]
+SERVER_NAMES = {"vllm": "the vLLM server", "transformers": "transformers serve"}
 
 
 class Servers:
-    """The harness-started vLLM OpenAI servers of this process: one alive at a time, started
+    """The harness-started OpenAI servers of this process: one alive at a time, started
     on first use with the settings a cell asks for (prefix caching off, unless a workload
     studies reuse; the run's openai server settings, ``--engine-opt``/``--engine-grid``),
     restarted when a cell asks for others. A server that failed to start is remembered:
@@ -118,16 +122,17 @@ class Servers:
         prefix_caching: bool = False,
         settings: Mapping[str, str] | None = None,
         before_start: Callable[[], None] = lambda: None,
+        server: str = "vllm",
     ) -> tuple[Endpoint, bool]:
         """The server for these settings, and whether this call started it.
         ``before_start``: called before another server than the running one is started
         (the engine pool's ``before_new_instance``)."""
-        key: ServerKey = (prefix_caching, tuple(sorted((settings or {}).items())))
+        key: ServerKey = (server, prefix_caching, tuple(sorted((settings or {}).items())))
         if self.current is not None and self.current[0] == key:
             return self.current[1], False
         if key in self.failed:
             raise EngineError(
-                f"the vLLM server failed to start for an earlier cell: {self.failed[key]}"
+                f"{SERVER_NAMES[server]} failed to start for an earlier cell: {self.failed[key]}"
             )
         if self.current is not None:
             before_start()
@@ -140,24 +145,38 @@ class Servers:
         return self.current[1], True
 
     def _start(self, key: ServerKey) -> Endpoint:
-        from engines.vllm_server import split_cpus, vllm_server  # noqa: PLC0415
+        from engines.localserver import split_cpus  # noqa: PLC0415
 
-        prefix_caching, chosen = key
+        kind, prefix_caching, chosen = key
         split = split_cpus()
-        extra = ("--enable-prefix-caching",) if prefix_caching else ()
-        name = "-".join(["prefix" if prefix_caching else "plain", *(f"{k}{v}" for k, v in chosen)])
+        parts = [kind, "prefix" if prefix_caching else "plain", *(f"{k}{v}" for k, v in chosen)]
+        log = self.logs / f"server-{'-'.join(parts)}.log"
+        cpus = split[1] if split else None
         began = time.perf_counter()
-        server = self.stack.enter_context(
-            vllm_server(
-                model_dir(self.settings),
-                self.logs / f"server-{name}.log",
-                extra=extra,
-                cpus=split[1] if split else None,
-                settings=dict(chosen),
-            )
-        )
+        server = self.stack.enter_context(self._server(kind, prefix_caching, chosen, log, cpus))
         took = time.perf_counter() - began
-        return Endpoint(server.base_url, split[0] if split else None, took, chosen)
+        return Endpoint(server.base_url, split[0] if split else None, took, chosen, kind)
+
+    def _server(
+        self,
+        kind: str,
+        prefix_caching: bool,
+        chosen: tuple[tuple[str, str], ...],
+        log: Path,
+        cpus: frozenset[int] | None,
+    ) -> contextlib.AbstractContextManager[Any]:
+        model = model_dir(self.settings)
+        if kind == "transformers":
+            from engines.transformers_server import transformers_server  # noqa: PLC0415
+
+            # prefix sharing is always on there: the workloads skip cells that want it off
+            return transformers_server(
+                model, log, device=self.settings.device, cpus=cpus, settings=dict(chosen)
+            )
+        from engines.vllm_server import vllm_server  # noqa: PLC0415
+
+        extra = ("--enable-prefix-caching",) if prefix_caching else ()
+        return vllm_server(model, log, extra=extra, cpus=cpus, settings=dict(chosen))
 
     def close(self) -> None:
         self.current = None
@@ -169,13 +188,9 @@ class Servers:
 def openai_servers(
     harness_settings: RunSettings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Servers]:
-    """Real vLLM OpenAI servers on free loopback ports, serving the run's model."""
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip(
-            "openai without --engine-opt openai.base_url=URL needs vllm installed so the"
-            " harness can start a server (tox -e vllm)"
-        )
-    servers = Servers(harness_settings, tmp_path_factory.mktemp("vllm-server"))
+    """Real OpenAI servers on free loopback ports, serving the run's model (each cell checks
+    first that the server it asks for can start here: ``server_missing``)."""
+    servers = Servers(harness_settings, tmp_path_factory.mktemp("openai-server"))
     try:
         yield servers
     finally:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from engines.vllm_server import SERVER_DEFAULTS
+from engines import transformers_server, vllm_server
 from harness.api import (
     AUTO_CLIENTS,
     Cell,
@@ -60,15 +62,26 @@ FIRST_ID = 4  # ids below are the tokenizer's special tokens (<s>, </s>, <unk>, 
 
 
 def model_dir(settings: RunSettings) -> Path:
-    """``--model``, or the embedded tiny LLM (built on first use); a cell that needs the
-    latter where its libraries are missing is skipped, saying what to install."""
+    """``--model``, or the embedded LLM of the run's model set (``workloads.modelset``: the
+    tiny Llama, or the 1B one), built on first use; a cell that needs the latter where
+    its libraries are missing is skipped, saying what to install."""
     if settings.model is not None:
         return settings.model
-    from workloads import llm  # noqa: PLC0415  (builds with torch/transformers)
+    from workloads import llm, modelset  # noqa: PLC0415  (builds with torch/transformers)
 
+    spec = llm.SPECS[modelset.chosen(llm.TINY.name, settings.model_set)]
     if missing := llm.missing_libraries():
-        pytest.skip(f"the embedded tiny LLM {llm.needs(missing)}, or give --model DIR")
-    return llm.embedded_llm(settings.seed)
+        what = "tiny LLM" if spec == llm.TINY else f"LLM {spec.name}"
+        pytest.skip(f"the embedded {what} {llm.needs(missing)}, or give --model DIR")
+    return llm.embedded_llm(settings.seed, spec)
+
+
+def describe_embedded(cell: Cell, model: Path) -> None:
+    """Which embedded LLM a cell ran (its name, shape, dtype, build), in its record."""
+    if (model / "harness-model.json").is_file():
+        from workloads import llm  # noqa: PLC0415
+
+        cell.engine_info["embedded_model"] = llm.describe(model)
 
 
 def vocab_size(model: Path) -> int:
@@ -124,27 +137,81 @@ def _open(
     user = settings.options_for(cell.engine, cell.params)
     merged = merge_options(cell, settings, opts)  # skips a cell whose options the user fixed
     if cell.engine == "openai" and "base_url" not in user:
-        servers = request.getfixturevalue("openai_servers")  # workloads/conftest.py
-        # defaults filled in: a cell that names a default shares the server of one that does not
-        chosen = {k: merged.get(k, v) for k, v in SERVER_DEFAULTS.items()}
-        endpoint, started = servers.endpoint(
-            prefix_caching=bool(prefix_caching),
-            settings=chosen,
-            before_start=request.getfixturevalue("engine_pool").before_new_instance,
-        )
+        endpoint, started = _served(request, merged, prefix_caching)
         opts["base_url"] = merged["base_url"] = endpoint.base_url
+        if endpoint.server == "transformers":
+            opts["dialect"] = merged["dialect"] = "transformers"
     engine = open_engine(model, options=opts, shared=True)
+    describe_embedded(cell, model)
     if endpoint is not None:
         endpoint.pin_client()  # after open_engine: closing a previous engine may unpin
-        cell.engine_info["server"] = {
-            "started_by": "the harness",
-            "start_s": round(endpoint.start_s, 3),
-            "started_for_this_cell": started,
-            "settings": dict(endpoint.settings),
-        }
+        cell.engine_info["server"] = _server_info(endpoint, started)
     if not isinstance(engine, GenerativeEngine):
         raise EngineError(f"{cell.engine} is not a generative engine")
     return engine, EngineConfig(model=model, device=settings.device, options=merged)
+
+
+SERVER_SETTINGS = {
+    "vllm": vllm_server.SERVER_DEFAULTS,
+    "transformers": transformers_server.SERVER_DEFAULTS,
+}
+"""What a run may set of each server the harness starts, and the values it starts it with."""
+
+
+def server_missing(server: str) -> str | None:
+    """Why the harness cannot start ``server`` here (what to install), or None."""
+    if server == "transformers":
+        from engines.transformers_server import missing  # noqa: PLC0415
+
+        lacking = missing()
+        if lacking:
+            return (
+                "openai.server=transformers needs transformers serve, which needs"
+                f" {', '.join(lacking)}: pip install -e '.[transformers]' (tox -e transformers)"
+            )
+        return None
+    if importlib.util.find_spec("vllm") is None:
+        return (
+            "openai without --engine-opt openai.base_url=URL needs vllm installed so the"
+            " harness can start a server (tox -e vllm), or openai.server=transformers"
+        )
+    return None
+
+
+def _served(
+    request: pytest.FixtureRequest, merged: dict[str, str], prefix_caching: bool | None
+) -> tuple[Any, bool]:
+    """The harness-started server a cell asks for (``openai.server``), and whether it was
+    started for it; skips (saying why) where it cannot be had here."""
+    kind = merged.get("server", "vllm")
+    missing = server_missing(kind)
+    if missing:
+        pytest.skip(missing)
+    if kind == "transformers" and prefix_caching is False:
+        pytest.skip(transformers_server.CANNOT_SET["prefix_caching_off"])
+    servers = request.getfixturevalue("openai_servers")  # workloads/conftest.py
+    # defaults filled in: a cell that names a default shares the server of one that does not
+    chosen = {k: merged.get(k, v) for k, v in SERVER_SETTINGS[kind].items()}
+    return servers.endpoint(  # type: ignore[no-any-return]
+        prefix_caching=bool(prefix_caching),
+        settings=chosen,
+        before_start=request.getfixturevalue("engine_pool").before_new_instance,
+        server=kind,
+    )
+
+
+def _server_info(endpoint: Any, started: bool) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "started_by": "the harness",
+        "server": endpoint.server,
+        "start_s": round(endpoint.start_s, 3),
+        "started_for_this_cell": started,
+        "settings": dict(endpoint.settings),
+    }
+    if endpoint.server == "transformers":
+        info["version"] = version("transformers")
+        info["prefix_caching"] = "on (transformers serve has no switch for it)"
+    return info
 
 
 def prefix_cache_setting(engine: str, settings: RunSettings, *, on: bool) -> dict[str, str]:

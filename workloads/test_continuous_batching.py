@@ -14,6 +14,7 @@ import asyncio
 
 import pytest
 
+from engines import transformers_server
 from engines.vllm_server import SERVER_DEFAULTS
 from harness.api import Cell, Driver, MonotonicClock, OpenEngine, OpenLoop, ReportSpec, RunSettings
 from workloads import reporting
@@ -92,6 +93,8 @@ def _skip_unless_served(settings: RunSettings, cell: Cell, max_num_seqs: int) ->
     run's cells, so only the cells of its value run (``--engine-grid
     openai.max_num_seqs=4,16`` starts a server for each)."""
     fixed = settings.options_for("openai", cell.params)
+    if fixed.get("server") == "transformers" and "base_url" not in fixed:
+        pytest.skip(transformers_server.CANNOT_SET["max_num_seqs"])
     served = int(fixed.get("max_num_seqs", SERVER_DEFAULTS["max_num_seqs"]))
     if served != max_num_seqs:
         pytest.skip(

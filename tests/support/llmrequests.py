@@ -35,12 +35,14 @@ def chat_template_ids(model: Path) -> list[int]:
     return list(ids)
 
 
-def prompt_ending_at_eos(model: Path) -> tuple[int, ...]:
+def prompt_ending_at_eos(model: Path, *, as_text: bool = False) -> tuple[int, ...]:
     """A one- or two-token prompt whose greedy next token is the EOS, by the widest margin
     found (the random-weight model rarely ends a reply by itself): a natural-EOS request
-    with it must stop after one token, where ignore_eos goes on to max_tokens."""
+    with it must stop after one token, where ignore_eos goes on to max_tokens.
+    ``as_text``: only prompts whose text tokenizes back to the same ids (for a server
+    that takes text prompts only)."""
     import torch  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
     lm = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
     eos = int(lm.config.eos_token_id)
@@ -49,6 +51,9 @@ def prompt_ending_at_eos(model: Path) -> tuple[int, ...]:
         torch.arange(4, lm.config.vocab_size).unsqueeze(1),
         torch.randint(4, lm.config.vocab_size, (8000, 2), generator=gen),
     ]
+    if as_text:
+        tokenizer = AutoTokenizer.from_pretrained(str(model))
+        candidates = [c[_round_trips(tokenizer, c)] for c in candidates]
     best: tuple[float, tuple[int, ...]] = (0.0, ())
     with torch.no_grad():
         for ids in candidates:
@@ -60,6 +65,10 @@ def prompt_ending_at_eos(model: Path) -> tuple[int, ...]:
                 best = (float(margin[i]), tuple(int(t) for t in ids[i]))
     assert best[1], "no prompt found whose greedy next token is the EOS"
     return best[1]
+
+
+def _round_trips(tokenizer: Any, rows: Any) -> list[bool]:
+    return [tokenizer.encode(tokenizer.decode(r.tolist())) == r.tolist() for r in rows]
 
 
 def takes_text_chat_and_natural_end(
