@@ -1,8 +1,10 @@
 """The conformance suite on a GPU, for every tensor engine and mode that can run there:
 torch (eager, CUDA graphs), ONNX Runtime (CUDA provider with IOBinding, with CUDA graphs,
-TensorRT provider) and TensorRT. Each class skips with its engine's own reason where it
-cannot run (no GPU, package missing). ``HARNESS_CONFORMANCE_DEVICE`` picks the device
-(default cuda); scripts/gpu-check runs this module."""
+TensorRT provider) and TensorRT; and the generative suite for the in-process generative
+engine that GPU images carry (transformers, on the embedded tiny Llama). Each class skips
+with its engine's own reason where it cannot run (no GPU, package missing).
+``HARNESS_CONFORMANCE_DEVICE`` picks the device (default cuda); scripts/gpu-check runs
+this module."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.conformance import Subject, TensorConformance
+from harness.engine.conformance import GenerativeConformance, Subject, TensorConformance
 
 DEVICE = os.environ.get("HARNESS_CONFORMANCE_DEVICE", "cuda")
 ON_GPU = DEVICE.startswith("cuda")
@@ -102,3 +104,31 @@ class TestTensorRT(TensorConformance):
     @classmethod
     def subject(cls) -> Subject:
         return _subject("tensorrt", profiles="batch=1:4:8")
+
+
+# loading a model and its continuous-batching manager takes seconds where it runs
+@pytest.mark.slow
+class TestTransformers(GenerativeConformance):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def subject(cls) -> Subject:
+        from harness.engine import registry  # noqa: PLC0415
+
+        engine = registry.load("transformers")
+        status = engine.probe(DEVICE)
+        if not status.available:
+            pytest.skip(status.reason)
+        from workloads.llm import embedded_llm  # noqa: PLC0415
+
+        context = 2048  # the embedded tiny Llama's max_position_embeddings
+        return Subject(
+            engine,
+            model=embedded_llm(0),
+            device=DEVICE,
+            # on a CPU the manager would size its KV cache from the machine's memory (14 GB
+            # and more): a few blocks do for these requests; on a GPU it sizes from the GPU's
+            options={"max_num_seqs": "4"} | ({} if ON_GPU else {"num_blocks": "64"}),
+            prompt=tuple(range(10, 26)),
+            too_long=tuple(10 + i % 200 for i in range(context)),
+            memory_slack_mib=256.0,  # torch's allocators keep their arenas
+        )
