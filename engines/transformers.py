@@ -63,7 +63,11 @@ OPTIONS = OptionSchema(
         "token budget of one batch (default: the manager sizes it from memory)",
         default=None,
     ),
-    integer("num_blocks", "KV-cache blocks (default: sized from memory)", default=None),
+    integer(
+        "num_blocks",
+        "KV-cache blocks (default: sized from free memory: 0.1 of it on a CPU)",
+        default=None,
+    ),
     integer("block_size", "tokens per KV-cache page (page_size; block_size before 5.17)"),
     choice("dtype", "weights and compute dtype", DTYPES, default="auto"),
     choice(
@@ -90,6 +94,10 @@ OPTIONS = OptionSchema(
 )
 DEFAULTS = OPTIONS.defaults()
 START_TIMEOUT_S = 120.0
+CPU_KV_MEMORY = 0.1
+"""On a CPU, the share of free memory the KV cache takes unless ``num_blocks`` is given:
+the manager's own default, 0.6, grew workers to 14-19 GB on a 24 GB machine and the
+kernel killed them (and their neighbours). On a GPU, the manager's default."""
 HANDLER_MISSING = (
     "transformers {version} has no streaming result handlers for continuous batching"
     " (ContinuousBatchingManager.register_result_handler); the engine needs transformers"
@@ -165,6 +173,8 @@ class TransformersEngine:
         for sized in ("max_batch_tokens", "num_blocks"):
             if o.get(sized) is not None:
                 wanted[sized] = int(o[sized])
+        if o.get("num_blocks") is None and self.config.device == "cpu":
+            wanted["max_memory_percent"] = CPU_KV_MEMORY
         if o.get("block_size") is not None:
             wanted["page_size" if "page_size" in fields else "block_size"] = int(o["block_size"])
         if o.get("cuda_graphs") is not None:

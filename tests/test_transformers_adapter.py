@@ -24,6 +24,7 @@ class Since517:
     default_compile_level: int = 0
     seed: int | None = None
     auto_switch_to_flash: bool = True
+    max_memory_percent: float | None = None
 
 
 @dataclasses.dataclass
@@ -49,7 +50,16 @@ def test_defaults_are_explicit_with_prefix_sharing_off_and_the_rest_left_to_the_
         "default_compile_level": 0,
         "seed": 0,
         "auto_switch_to_flash": True,
+        "max_memory_percent": 0.1,  # on a CPU: the manager's 0.6 of free memory was killed
     }
+
+
+def test_the_kv_cache_is_bounded_on_a_cpu_only_when_no_size_is_given():
+    on_gpu = TransformersEngine(EngineConfig(Path("/m"), device="cuda")).batching_config(Since517)
+    assert "max_memory_percent" not in on_gpu  # the manager's default on a GPU
+    sized = engine(num_blocks="64").batching_config(Since517)
+    assert sized["num_blocks"] == 64
+    assert "max_memory_percent" not in sized
 
 
 def test_every_option_reaches_its_field_on_either_layout():

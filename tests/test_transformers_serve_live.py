@@ -118,7 +118,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
         "--engine=openai",
         "--engine-opt",
         "openai.server=transformers",
-        "--requests=100",  # the fewest with a p99
+        # half the fewest with a p99: cells come out invalid (too few samples), which is
+        # what CI's time allows; the in-process run measures 100 per cell
+        "--requests=50",
         "-k",
         SERVED,
     )
