@@ -154,12 +154,12 @@ def test_what_transformers_serve_cannot_be_set_to_is_skipped_saying_so(run: Run)
     assert batching
     for rec in batching:
         assert rec.status is Status.SKIPPED
-        assert rec.reasons == [transformers_server.CANNOT_SET["max_num_seqs"]]
+        assert list(rec.reasons) == [transformers_server.CANNOT_SET["max_num_seqs"]]
     prefix = [r for r in run.records.values() if "prefix_cache" in r.params]
     assert {r.params["prefix_cache"] for r in prefix} == {"off", "on"}
     for rec in prefix:
         if rec.params["prefix_cache"] == "off":
             assert rec.status is Status.SKIPPED
-            assert rec.reasons == [transformers_server.CANNOT_SET["prefix_caching_off"]]
+            assert list(rec.reasons) == [transformers_server.CANNOT_SET["prefix_caching_off"]]
         else:
             assert rec.status in (Status.OK, Status.INVALID), (rec.cell_id, rec.reasons)
