@@ -53,7 +53,7 @@ class TestTransformers(GenerativeConformance):
 # every generative workload, one load level of those that sweep them (each cell costs CI
 # time); the bare `pytest --engine=transformers` runs them all
 GENERATIVE = (
-    "(test_streaming and (closed-4 or open-12)) or test_continuous_batching"
+    "(test_streaming and closed-4) or test_continuous_batching"
     " or (test_dataset and closed-4) or test_sessions or test_shared_prefix or test_trace"
 )
 
@@ -63,7 +63,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     result = run_workloads(
         tmp_path_factory.mktemp("transformers"),
         "--engine=transformers",
-        "--requests=100",  # the fewest with a p99
+        # half the fewest with a p99: the cells come out invalid (too few samples), which
+        # is what CI's time allows; the bare `pytest --engine=transformers` measures in full
+        "--requests=50",
         "-k",
         GENERATIVE,
     )
