@@ -42,15 +42,6 @@ appears in ``describe()``, records or logs.
 
 from __future__ import annotations
 
-__all__ = [
-    "OPTIONS",
-    "OpenAIEngine",
-    "RequestFailed",
-    "StreamState",
-    "server_conflict",
-    "sse_events",
-]
-
 import asyncio
 import importlib.util
 import json
