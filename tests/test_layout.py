@@ -146,3 +146,28 @@ def test_workloads_import_the_harness_through_its_one_entry_point():
         if dep.startswith("harness") and dep not in ("harness", "harness.api")
     )
     assert stray == []
+
+
+SOURCE_DIRS = (*PACKAGES, "benchmarks", "scripts", "tests")
+
+
+def test_no_source_file_is_hidden_by_gitignore():
+    """A pattern in .gitignore that matches a source folder (an unanchored ``dist/`` matched
+    harness/dist/) would leave a new module there untracked, silently."""
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    sources = [str(p.relative_to(REPO)) for d in SOURCE_DIRS for p in (REPO / d).rglob("*.py")]
+    probes = [*sources, *(f"{d}/new_module.py" for d in {str(Path(s).parent) for s in sources})]
+    proc = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        cwd=REPO,
+        input="\n".join(probes),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode in (0, 1), proc.stderr  # 1: nothing ignored
+    assert proc.stdout.split() == []
