@@ -284,8 +284,13 @@ def embedded(name: str, seed: int = 0) -> EmbeddedModel:
     path = directory / f"{name}-s{seed}-g{GENERATOR_VERSION}-{digest[:16]}.onnx"
     if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
+        write_atomically(path, data)
     return EmbeddedModel(name, path, digest, seed)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """A concurrent builder writes the same bytes, and a reader sees whole files only."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)

@@ -38,10 +38,18 @@ def chosen(name: str, model_set: ModelSet) -> str:
 
 def embedded(name: str, settings: RunSettings) -> EmbeddedModel:
     """The tensor model of the run's set that stands for ``name``, built on first use."""
-    actual = chosen(name, settings.model_set)
-    if actual in refmodels.BUILDERS:
-        return refmodels.embedded(actual, settings.seed)
-    return models.embedded(actual, settings.seed)
+    return by_name(chosen(name, settings.model_set), settings.seed)
+
+
+TENSOR_MODELS = (*models.BUILDERS, *refmodels.BUILDERS)
+"""Every embedded tensor model, tiny and reference-sized."""
+
+
+def by_name(name: str, seed: int) -> EmbeddedModel:
+    """The embedded tensor model ``name`` (of either set), built on first use."""
+    if name in refmodels.BUILDERS:
+        return refmodels.embedded(name, seed)
+    return models.embedded(name, seed)
 
 
 @dataclass(frozen=True)

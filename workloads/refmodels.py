@@ -26,8 +26,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -45,6 +43,7 @@ from workloads.models import (
     _Graph,
     build_encoder,
     cache_dir,
+    write_atomically,
 )
 
 GENERATOR_VERSION = 1  # bump when a builder here changes: the cache key holds it
@@ -204,18 +203,11 @@ def _build(name: str, seed: int, path: Path) -> dict[str, Any]:
         "generator_version": GENERATOR_VERSION,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write(path, data)
-    _write(_note(path), json.dumps(info, indent=1).encode())  # after the file it vouches for
+    write_atomically(path, data)
+    # the note after the file it vouches for
+    write_atomically(_note(path), json.dumps(info, indent=1).encode())
     announce(
         f"embedded model {name} (seed {seed}) built in {info['build_s']:.1f} s:"
         f" {info['parameters'] / 1e6:.1f}M parameters, {len(data) / 1e6:.0f} MB at {path}"
     )
     return info
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Atomically: a concurrent builder writes the same bytes, a reader sees whole files."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
