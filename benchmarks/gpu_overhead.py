@@ -31,7 +31,6 @@ how large the harness's fixed cost is next to the model's, not the harness's acc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -42,13 +41,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks import publish
 from harness.engine import EngineConfig, TensorEngine, registry
 from harness.load.clock import MonotonicClock, gc_paused
 from harness.load.serving import NoBatching, ServeTrace, serve_open_loop
 from harness.metrics import stats
 from harness.metrics.telemetry import Telemetry
 from harness.results.environment import fingerprint
-from workloads import inputs, models, refmodels
+from workloads import inputs, modelset
 from workloads.load import timed_batch
 
 PREFERRED_MODELS = ("resnet50", "tiny-cnn")
@@ -65,8 +65,7 @@ QUEUE_NOTE = 0.01
 Array = npt.NDArray[Any]
 
 
-EMBEDDED = {**models.BUILDERS, **refmodels.BUILDERS}
-"""Every embedded tensor model, tiny and reference-sized."""
+EMBEDDED = modelset.TENSOR_MODELS
 
 
 def default_model() -> str:
@@ -76,8 +75,7 @@ def default_model() -> str:
 def model_path(name: str, seed: int) -> tuple[Path, dict[str, Any]]:
     """An embedded model by name (built or taken from the cache), or a model file."""
     if name in EMBEDDED:
-        source = refmodels if name in refmodels.BUILDERS else models
-        built = source.embedded(name, seed)
+        built = modelset.by_name(name, seed)
         return built.path, built.describe()
     path = Path(name)
     if not path.is_file():
@@ -434,12 +432,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     doc: dict[str, Any] = {"command": " ".join(["python -m benchmarks.gpu_overhead", *words])}
     doc["environment"] = fingerprint()
     doc |= run(args)
-    if args.out:
-        args.out.write_text(json.dumps(doc, indent=2, default=str))
-    text = summary(doc)
-    if args.md:
-        args.md.write_text(text + "\n")
-    print(text)
+    publish(doc, summary(doc), args.out, args.md)
 
 
 if __name__ == "__main__":

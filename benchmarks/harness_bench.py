@@ -21,7 +21,6 @@ Run it on an idle machine: it measures the harness, and anything else running co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import publish
 from harness.engine import EngineConfig, GenerationRequest, TensorEngine, registry
 from harness.load.arrivals import Arrivals, OpenLoop
 from harness.load.capacity import Point, SearchPolicy, capacity_search
@@ -460,12 +460,7 @@ def main() -> None:
     if args.which in ("http", "all"):
         clients = tuple(int(k) for k in args.clients.split(","))
         doc["http"] = http(args.duration, clients, args.repeats, args.profile, _ladder(args.ladder))
-    if args.out:
-        args.out.write_text(json.dumps(doc, indent=2, default=str))
-    text = summary(doc)
-    if args.md:
-        args.md.write_text(text + "\n")
-    print(text)
+    publish(doc, summary(doc), args.out, args.md)
 
 
 def _ladder(text: str | None) -> tuple[float, ...]:
