@@ -154,6 +154,14 @@ SERVER_OPTIONS = (*SERVER_DEFAULTS, "server")
 """Options that set the server the harness starts, not the client."""
 
 
+def dialect_of(options: Mapping[str, str]) -> str:
+    """The dialect given, else the one of the server the harness starts (transformers serve
+    speaks its own), else vLLM's."""
+    if "dialect" in options:
+        return options["dialect"]
+    return "transformers" if options.get("server") == "transformers" else "vllm"
+
+
 def server_conflict(options: Mapping[str, str]) -> str | None:
     """Why ``options`` cannot be used together (server settings for a server the user
     runs), or None."""
@@ -195,7 +203,7 @@ class OpenAIEngine:
         self.timeout = float(o["timeout_s"])
         self.served_model = o.get("served_model", "")
         self.ignore_eos_field = o["ignore_eos_field"] == "1"
-        self.dialect = o["dialect"]
+        self.dialect = dialect_of(config.options)
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tokenizer: Any = None

@@ -51,6 +51,17 @@ def test_transformers_dialect_sends_what_transformers_serve_takes():
     assert described["token_id_prompts"].startswith("decoded to text")
 
 
+def test_the_dialect_follows_the_server_the_harness_starts_unless_given():
+    def dialect(**options: str) -> str:
+        config = EngineConfig(model=Path("/nonexistent"), device="cpu", options=options)
+        return OpenAIEngine(config).dialect
+
+    assert dialect() == "vllm"
+    assert dialect(server="transformers") == "transformers"
+    assert dialect(base_url="http://127.0.0.1:9", dialect="transformers") == "transformers"
+    assert dialect(server="vllm") == "vllm"
+
+
 def test_vllm_dialect_is_unchanged():
     body = engine("vllm").payload(GenerationRequest((5, 6, 7), 8))
     assert body["prompt"] == [5, 6, 7]

@@ -139,8 +139,6 @@ def _open(
     if cell.engine == "openai" and "base_url" not in user:
         endpoint, started = _served(request, merged, prefix_caching)
         opts["base_url"] = merged["base_url"] = endpoint.base_url
-        if endpoint.server == "transformers":
-            opts["dialect"] = merged["dialect"] = "transformers"
     engine = open_engine(model, options=opts, shared=True)
     describe_embedded(cell, model)
     if endpoint is not None:
