@@ -13,12 +13,15 @@ the modules behind these names are the harness's own business and may move.
 * load: clocks, arrival schedules, the serving loop and batching policies, the streaming
   driver, capacity search and sweeps, client processes (local and on Ray);
 * summaries and statistics: ``summarize_trace``, ``summarize_stream``, ``stats``,
-  ``SLO`` / ``parse_slos``, ``Evidence`` / ``judge``, ``SlowLog``, ``Telemetry``, and a
+  ``Evidence`` / ``judge``, ``SlowLog``, ``Telemetry``, and a
   server's own metrics over a cell (``servermetrics``, for an ``ExposesMetricsText``
   engine);
+* SLOs: ``SLO`` / ``parse_slos``, ``slos_on`` (those on the latencies a cell measures),
+  ``slo_verdicts`` (a cell's ``metrics.slo``), and the latencies the harness's summaries
+  hold requests to (``SERVED_LATENCIES``, ``STREAM_LATENCIES``);
 * what a cell reports: ``Headline``, and what the reports need to know of the workload:
   ``ReportSpec`` (declared with ``@pytest.mark.report_spec(ReportSpec(...))``) with its
-  parts ``Rate``, ``Paired``, ``LoadSearch`` and the plot kinds (``CdfPlot``,
+  parts ``Rate``, ``Latency``, ``Paired``, ``LoadSearch`` and the plot kinds (``CdfPlot``,
   ``HistogramPlot``, ``StagesPlot``, ``PolicyCurvePlot``, ``LoadCurvePlot``).
 """
 
@@ -66,7 +69,7 @@ from harness.load.clients import (
 )
 from harness.load.clock import Clock, MonotonicClock, gc_paused
 from harness.load.localclients import LocalProcesses
-from harness.load.serve_summary import e2e_slos, summarize_trace
+from harness.load.serve_summary import SERVED_LATENCIES, summarize_trace
 from harness.load.serving import (
     BatchPolicy,
     DynamicBatching,
@@ -79,8 +82,9 @@ from harness.load.sessions import durations as session_durations
 from harness.load.stream_summary import summarize_stream
 from harness.load.streamdriver import Driver
 from harness.metrics import servermetrics, stats
+from harness.metrics.slo import SLO, parse_slos, slo_verdicts, slos_on
 from harness.metrics.slowlog import SlowLog
-from harness.metrics.streamtiming import SLO, RequestRecord, parse_slos
+from harness.metrics.streamtiming import STREAM_LATENCIES, RequestRecord
 from harness.metrics.telemetry import Telemetry
 from harness.metrics.validity import DRIFTED, Evidence, Policy, Verdict, judge
 from harness.plugin import OpenEngine, settings_of
@@ -88,6 +92,7 @@ from harness.results.records import Headline
 from harness.results.reportspec import (
     CdfPlot,
     HistogramPlot,
+    Latency,
     LoadCurvePlot,
     LoadSearch,
     Paired,
@@ -115,7 +120,9 @@ __all__ = [
     "AUTO_CLIENTS",
     "DRIFTED",
     "IMAGE_SUFFIXES",
+    "SERVED_LATENCIES",
     "SLO",
+    "STREAM_LATENCIES",
     "Arrivals",
     "BatchPolicy",
     "CapacityResult",
@@ -138,6 +145,7 @@ __all__ = [
     "Headline",
     "HistogramPlot",
     "KneeRule",
+    "Latency",
     "Launcher",
     "LoadCurvePlot",
     "LoadSearch",
@@ -186,7 +194,6 @@ __all__ = [
     "capacity_search",
     "counter_delta",
     "device_spans",
-    "e2e_slos",
     "gc_paused",
     "is_network_client",
     "judge",
@@ -200,6 +207,8 @@ __all__ = [
     "servermetrics",
     "session_durations",
     "settings_of",
+    "slo_verdicts",
+    "slos_on",
     "stats",
     "summarize_stream",
     "summarize_trace",

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from harness.engine import Availability, options, registry
 from harness.exceptions import RecordError
-from harness.metrics.streamtiming import parse_slos
+from harness.metrics.slo import parse_slos
 from harness.report import compare, decision, htmlpage, matrix, matrixterm, recommend, runset
 from harness.report.publicpaths import PathStyle
 from harness.results import reading
@@ -277,7 +277,10 @@ def _register_recommend(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         description=recommend.__doc__.split("\n\n")[0] if recommend.__doc__ else None,
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--slo", required=True, help=SLO_HELP)
+    p.add_argument(
+        "--slo",
+        help=SLO_HELP + " (left out: no SLO, each question ranked by throughput)",
+    )
     p.add_argument("--gpu-hour-cost", type=float, metavar="X", help=GPU_HOUR_HELP)
     p.add_argument("--energy-price", type=float, metavar="X", help=ENERGY_PRICE_HELP)
     p.add_argument("--json", metavar="PATH", help="also write the recommendation as JSON")
@@ -287,8 +290,8 @@ def _register_recommend(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def _recommend(args: argparse.Namespace, console: Console) -> int:
     try:
-        slos = parse_slos(args.slo)
-        if not slos:
+        slos = parse_slos(args.slo) if args.slo is not None else ()
+        if args.slo is not None and not slos:
             raise ValueError("no SLO given")
     except ValueError as exc:
         return _recommend_usage(
@@ -324,7 +327,8 @@ def _recommend_usage(console: Console, message: str) -> int:
 
 
 SLO_HELP = (
-    "comma-separated METRIC_pNN=DURATION (metrics ttft, tpot, e2e, itl; units s, ms, us),"
+    "comma-separated METRIC_pNN=DURATION (METRIC: a latency the runs' workloads declare:"
+    " ttft, tpot, e2e, itl for the built-in ones, or a workload's own; units s, ms, us),"
     " e.g. ttft_p99=200ms,tpot_p99=50ms,e2e_p99=2s"
 )
 GPU_HOUR_HELP = (

@@ -35,6 +35,7 @@ from harness.session.outcome import run_exit
 from harness.session.passes import run_isolated
 from harness.session.pool import EnginePool, NewEngineInstance
 from harness.session.resume import Resume, resumable, select_for_resume
+from harness.session.slocheck import SloCheck
 from harness.session.state import (
     CONFIG_ARG,
     ENGINE_ARG,
@@ -126,6 +127,8 @@ def _configure(config: pytest.Config) -> None:
         if benchbridge.active(config):
             benchbridge.make_inert(config)  # only the controller writes benchmark files
         return
+    if not config.getoption("harness_only"):  # a Ray node's one cell: checked by its driver
+        SloCheck.register(config, settings)
     resume = settings.reliability.resume
     try:
         if not config.option.collectonly:

@@ -477,7 +477,8 @@ def int8_precision_record():
 
 def test_precision_cell_offers_its_fp32_reference_as_a_configuration(tmp_path):
     record = int8_precision_record()
-    result = rec.recommend([write_run(tmp_path, "q", [record])], parse_slos("e2e_p99=50ms"), 3.6)
+    # no latency to hold it to: an SLO would be a usage error (test_slo.py), so none
+    result = rec.recommend([write_run(tmp_path, "q", [record])], (), 3.6)
     w = one(result, "precision")
     assert w.title == "precision model=m"
     # named by what it measured (issue 35: it read "precision=int8 [its fp32 reference path]")
@@ -762,14 +763,12 @@ def test_a_workload_without_latency_figures_has_no_front(tmp_path):
         )
         for backend, rate in (("pil", 200.0), ("opencv", 300.0))
     ]
-    w = one(
-        rec.recommend([write_run(tmp_path, "p", images)], parse_slos("e2e_p99=50ms")),
-        "preprocessing",
-    )
+    w = one(rec.recommend([write_run(tmp_path, "p", images)], ()), "preprocessing")
     assert w.fronts == ()
     assert all(c.pareto == () for c in w.candidates)
     assert {c.pareto_absent for c in w.candidates} == {"no p99 latency figure"}
-    text = rec.render(rec.recommend([tmp_path / "p"], parse_slos("e2e_p99=50ms")))
+    text = rec.render(rec.recommend([tmp_path / "p"], ()))
+    assert "no SLO given: ranked by throughput" in text
     assert "lost: no SLO applied; throughput 200 img/s is 33.3 % lower than the winner's" in text
     assert "Pareto" not in text  # no front, no mark: nothing to explain
 

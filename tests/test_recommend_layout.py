@@ -93,7 +93,7 @@ def test_the_decisions_come_first_and_what_has_no_answer_is_one_line_per_workloa
 
 def test_a_precision_cell_s_paths_are_named_by_what_they_measured(tmp_path):
     record = int8_precision_record()
-    text = rec.render(rec.recommend([write_run(tmp_path, "q", [record])], SLO))
+    text = rec.render(rec.recommend([write_run(tmp_path, "q", [record])], ()))  # no latency
     # before: "RECOMMENDED: e precision=int8 [its fp32 reference path]"
     assert (
         "RECOMMENDED: e fp32 reference path (measured in the precision=int8 cell):"

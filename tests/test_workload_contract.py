@@ -3,9 +3,13 @@ test (harness.results.reportspec), and ``report``, ``compare``, ``recommend`` an
 plots read it from the records, with no edit to harness/.
 
 A toy workload, written to a temporary test file, runs on the null engine and is read
-back through every report; a typo in its headline fails the cell naming the path; the
-complete example of docs/writing-a-workload.md runs; the built-in workloads' declarations
-reproduce, on the committed golden runs, the reports their old records give.
+back through every report, SLOs on its own latency included (an SLO on a latency it does
+not declare is refused before it runs); a typo in its headline fails the cell naming the
+path; the complete example of docs/writing-a-workload.md runs; the built-in workloads'
+declarations reproduce, on the committed golden runs, the reports their old records give.
+
+The toy's runs are in the fast loop: the quick profile's shortest valid window, four
+cells a run, in process (``--isolation=none``), about ten seconds in all.
 """
 
 from __future__ import annotations
@@ -36,10 +40,7 @@ import time
 
 import pytest
 
-from harness.metrics import stats
-from harness.metrics.validity import Evidence
-from harness.results.records import Headline
-from harness.results.reportspec import CdfPlot, Rate, ReportSpec
+from harness.api import CdfPlot, Evidence, Headline, Latency, Rate, ReportSpec, slo_verdicts, stats
 
 REPORT = ReportSpec(
     throughput=Rate(
@@ -47,6 +48,8 @@ REPORT = ReportSpec(
     ),
     scenario=("size",),
     plots=(CdfPlot(samples="latency", what="toy latency"),),
+    # its own latency, which --slo latency_pNN=... may name, with a sample per request
+    latencies=(Latency(name="latency", samples="latency"),),
 )
 
 
@@ -64,11 +67,13 @@ def test_toy(cell, open_engine, harness_settings, size, mode, tmp_path):
         engine.infer(request)
         latencies.append(time.perf_counter() - sent)
     window = time.perf_counter() - start
+    metrics = {
+        "latency": stats.to_json(stats.summarize(latencies)),
+        "served": {"per_s": len(latencies) / window, "count": len(latencies)},
+    }
+    metrics["slo"] = slo_verdicts(metrics, harness_settings.slos, REPORT.latency_names())
     cell.finish(
-        metrics={
-            "latency": stats.to_json(stats.summarize(latencies)),
-            "served": {"per_s": len(latencies) / window, "count": len(latencies)},
-        },
+        metrics=metrics,
         evidence=Evidence(samples=len(latencies), failed=0, window_s=window),
         headline=[
             Headline(label="toy p50", metric=HEADLINE_PATH, unit="ms", scale=1e3),
@@ -78,14 +83,19 @@ def test_toy(cell, open_engine, harness_settings, size, mode, tmp_path):
         window={"duration_s": window},
     )
 """
-NULL = ("--engine=null", "--engine-opt=null.service_time_s=0.001", "--window=1.2")
+# the quick profile's shortest valid window (its bound is 1 s), and no worker processes:
+# eight cells of the toy in about ten seconds
+NULL = ("--engine=null", "--engine-opt=null.service_time_s=0.001", "--window=1.01")
+SLO = "--slo=latency_p99=1s"
 
 
-def run_toy(pytester: pytest.Pytester, headline: str = "latency.p50") -> tuple[int, Path]:
+def run_toy(
+    pytester: pytest.Pytester, headline: str = "latency.p50", *args: str
+) -> tuple[int, Path]:
     pytester.makepyfile(test_toy=TOY.replace("HEADLINE_PATH", repr(headline)))
     results = pytester.path / "runs"
     before = set(results.iterdir()) if results.is_dir() else set()
-    result = pytester.runpytest(*NULL, f"--results-dir={results}", "--isolation=none")
+    result = pytester.runpytest(*NULL, *args, f"--results-dir={results}", "--isolation=none")
     (run_dir,) = set(results.iterdir()) - before
     return result.ret, run_dir
 
@@ -97,11 +107,10 @@ def harness(*args: str | Path) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-@pytest.mark.slow  # pytest runs of the null engine
 def test_a_toy_workload_reaches_every_report_with_no_edit_to_the_harness(pytester):
-    code, run = run_toy(pytester)
+    code, run = run_toy(pytester, "latency.p50", SLO)
     assert code == 0
-    _, again = run_toy(pytester)
+    _, again = run_toy(pytester, "latency.p50", SLO)
     records = {r.cell_id: r for r in store.read_records(run)}
     assert set(records) == {f"toy.null.size={s}.mode={m}" for s in (2, 3) for m in ("fast", "slow")}
     assert {r.status for r in records.values()} == {Status.OK}
@@ -110,6 +119,11 @@ def test_a_toy_workload_reaches_every_report_with_no_edit_to_the_harness(pyteste
     assert spec.scenario == ("size",)
     planned = store.read_manifest(run).planned
     assert {p.report_spec for p in planned} == {spec}  # in the manifest too
+    # --slo named the toy's own latency: each cell is judged on it, and the run keeps it
+    for record in records.values():
+        verdict = record.metrics["slo"]["latency_p99"]
+        assert (verdict["threshold_s"], verdict["met"]) == (1.0, True)
+    assert store.read_manifest(run).settings["slos"] == {"latency_p99": 1.0}
 
     matrix = (run / "matrix.md").read_text()
     assert "## toy" in matrix
@@ -121,6 +135,7 @@ def test_a_toy_workload_reaches_every_report_with_no_edit_to_the_harness(pyteste
     assert 'data-workload="toy"' in page
     assert "toy: toy latency CDF" in page  # the declared plot, titled by the workload
     assert (run / "plots" / "cdf-latency-toy-1.svg").is_file()
+    assert "SLO applied: latency_p99&lt;=1000ms" in page  # the page decides under the run's SLO
 
     code, text = harness("compare", run, again)
     assert code in (0, 1), text  # 1: the machine moved a figure; either way it compared
@@ -129,13 +144,31 @@ def test_a_toy_workload_reaches_every_report_with_no_edit_to_the_harness(pyteste
     assert "toy rate" in text
     assert "4 cell(s) compared" in text
 
-    code, text = harness("recommend", run, "--slo", "e2e_p99=1s")
+    code, text = harness("recommend", run, "--slo", "latency_p99=1s")
     assert "== toy size=2 ==" in text  # the declared scenario: a question per size
     assert "== toy size=3 ==" in text
-    # the declared throughput ranks the two modes (no e2e: the SLO does not apply)
-    assert re.search(r"RECOMMENDED: null mode=(fast|slow): throughput [0-9.k]+ req/s", text)
-    assert "no SLO applied" in text
+    # the declared throughput ranks the two modes, goodput recounted from the declared
+    # latency's per-request samples
+    assert "SLOs applied: latency_p99<=1000ms" in text
+    assert re.search(r"RECOMMENDED: null mode=(fast|slow): goodput [0-9.k]+ req/s", text)
+    assert "method: goodput recounted from per-request samples" in text
     assert code == 0, text
+
+
+def test_an_slo_on_a_latency_no_cell_declares_is_a_usage_error(pytester):
+    """In a run, before anything is measured (no run directory), and in recommend."""
+    pytester.makepyfile(test_toy=TOY.replace("HEADLINE_PATH", repr("latency.p50")))
+    results = pytester.path / "runs"
+    result = pytester.runpytest(*NULL, "--slo=e2e_p99=1s", f"--results-dir={results}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: --slo e2e_p99: no latency named e2e in the selected cells; they declare:"
+            " latency; name one of those, or declare the latency in the workload's"
+            " ReportSpec(latencies=...) (docs/writing-a-workload.md)"
+        ]
+    )
+    assert not results.exists()  # refused before any cell ran
 
 
 @pytest.mark.slow  # pytest runs of the null engine
@@ -222,12 +255,14 @@ def test_the_documented_workload_runs_and_is_recommended(pytester, tmp_path, mon
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
     pytester.makepyfile(test_echo=doc_example())
     results = pytester.path / "runs"
-    result = pytester.runpytest(*NULL, f"--results-dir={results}", "--isolation=none")
+    argv = (*NULL, "--slo=e2e_p99=1s", f"--results-dir={results}", "--isolation=none")
+    result = pytester.runpytest(*argv)
     assert result.ret == 0, result.stdout.str()[-3000:]
     (run,) = results.iterdir()
     records = store.read_records(run)
     assert {r.cell_id for r in records} == {"echo.null.rows=1", "echo.null.rows=8"}
     assert all(r.status is Status.OK and r.report_spec is not None for r in records)
+    assert all(r.metrics["slo"]["e2e_p99"]["met"] for r in records)
     assert "## echo" in (run / "matrix.md").read_text()
     code, text = harness("recommend", run, "--slo", "e2e_p99=1s")
     assert code == 0, text

@@ -8,7 +8,16 @@ Each workload declares its own ``ReportSpec`` beside its test function, with
 
 from __future__ import annotations
 
-from harness.api import CdfPlot, LoadCurvePlot, LoadSearch, Rate, TrafficPlot
+from harness.api import (
+    SERVED_LATENCIES,
+    STREAM_LATENCIES,
+    CdfPlot,
+    Latency,
+    LoadCurvePlot,
+    LoadSearch,
+    Rate,
+    TrafficPlot,
+)
 
 REQUESTS = Rate(
     metric="throughput.requests_per_s",
@@ -22,6 +31,16 @@ IMAGES = Rate(metric="throughput.images_per_s", unit="img/s", counts="images")
 TOKENS = "throughput.output_tokens_per_s"
 LAG_P99 = "lag.p99"
 """The load generator's own timing error: compare calls no latency change below it."""
+
+SERVED = tuple(Latency(name=name, samples=name) for name in SERVED_LATENCIES)
+"""The latencies SLOs hold a served tensor request to (``summarize_trace``): ``e2e``, with a
+sample per request."""
+STREAMED = tuple(
+    Latency(name=name, samples=None if name == "itl" else name) for name in STREAM_LATENCIES
+)
+"""The latencies SLOs hold a streamed request to (``summarize_stream``): ``ttft``, ``tpot``,
+``e2e`` and ``itl``; each with its samples but ``itl`` (one sample per token, not per
+request)."""
 
 E2E_CDF = CdfPlot(samples="e2e", what="E2E latency")
 TTFT_CDF = CdfPlot(samples="ttft", what="TTFT")

@@ -38,6 +38,7 @@ REPORT = ReportSpec(
     throughput=reporting.REQUESTS,
     tokens=reporting.TOKENS,
     timing_floor=reporting.LAG_P99,
+    latencies=reporting.STREAMED,
     plots=(reporting.TTFT_CDF, reporting.E2E_CDF),
 )
 

@@ -46,6 +46,7 @@ REPORT = ReportSpec(
     tokens=reporting.TOKENS,
     scenario=("dataset", "load", "level", "output"),
     timing_floor=reporting.LAG_P99,
+    latencies=reporting.STREAMED,
     plots=(reporting.TTFT_CDF, reporting.E2E_CDF, *reporting.TRAFFIC_PLOTS),
 )
 

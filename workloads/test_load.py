@@ -40,9 +40,9 @@ from harness.api import (
     SearchPolicy,
     ShapedLoad,
     capacity_search,
-    e2e_slos,
     parse_slos,
     settings_of,
+    slos_on,
     sweep,
 )
 from workloads import inputs, reporting
@@ -81,8 +81,9 @@ SHAPE_RATES = {"tensor": (300.0, 3000.0), "generative": (10.0, 40.0)}  # base, p
 
 
 def _objective(settings: RunSettings, family: str) -> str:
-    """The user's SLOs that apply to the family, else the family's default."""
-    slos = e2e_slos(settings.slos) if family == "tensor" else settings.slos
+    """The user's SLOs on the latencies the family's cells measure, else its default."""
+    held = reporting.SERVED if family == "tensor" else reporting.STREAMED
+    slos = slos_on(settings.slos, [x.name for x in held])
     if not slos:
         slos = parse_slos(TENSOR_OBJECTIVE if family == "tensor" else GENERATIVE_OBJECTIVE)
     return ",".join(f"{s.key}={s.threshold_s * 1e3:g}ms" for s in slos)
@@ -147,20 +148,27 @@ def _search(settings: RunSettings, bounds: dict[str, float]) -> SearchPolicy:
 SEARCH_PLOTS = (reporting.LOAD_CURVE, reporting.E2E_CDF)
 GENERATIVE_SEARCH_PLOTS = (reporting.LOAD_CURVE, reporting.TTFT_CDF, reporting.E2E_CDF)
 TENSOR_SERVED = ReportSpec(
-    throughput=reporting.REQUESTS, timing_floor=reporting.LAG_P99, plots=(reporting.E2E_CDF,)
+    throughput=reporting.REQUESTS,
+    timing_floor=reporting.LAG_P99,
+    plots=(reporting.E2E_CDF,),
+    latencies=reporting.SERVED,
 )
 GENERATIVE_SERVED = ReportSpec(
     throughput=reporting.REQUESTS,
     tokens=reporting.TOKENS,
     timing_floor=reporting.LAG_P99,
     plots=(reporting.TTFT_CDF, reporting.E2E_CDF),
+    latencies=reporting.STREAMED,
 )
-RATE_SWEEP = ReportSpec(search=reporting.SWEEP, plots=SEARCH_PLOTS)
-CAPACITY = ReportSpec(search=reporting.CAPACITY, plots=SEARCH_PLOTS)
+RATE_SWEEP = ReportSpec(search=reporting.SWEEP, plots=SEARCH_PLOTS, latencies=reporting.SERVED)
+CAPACITY = ReportSpec(search=reporting.CAPACITY, plots=SEARCH_PLOTS, latencies=reporting.SERVED)
 SOAK = TENSOR_SERVED
 LOAD_SHAPE = TENSOR_SERVED.model_copy(update={"scenario": ("shape",)})
 USERS_SWEEP = ReportSpec(
-    search=reporting.SWEEP, tokens=reporting.TOKENS, plots=GENERATIVE_SEARCH_PLOTS
+    search=reporting.SWEEP,
+    tokens=reporting.TOKENS,
+    plots=GENERATIVE_SEARCH_PLOTS,
+    latencies=reporting.STREAMED,
 )
 GENERATIVE_CAPACITY = USERS_SWEEP.model_copy(update={"search": reporting.CAPACITY})
 GENERATIVE_SOAK = GENERATIVE_SERVED
@@ -170,8 +178,9 @@ GENERATIVE_SHAPE = GENERATIVE_SERVED.model_copy(update={"scenario": ("shape",)})
 @pytest.mark.requires(family="tensor")
 @pytest.mark.report_spec(RATE_SWEEP)
 def test_rate_sweep(cell: Cell, open_engine: OpenEngine, harness_settings: RunSettings) -> None:
-    slos = e2e_slos(harness_settings.slos)
-    target = _tensor_target(cell, open_engine, harness_settings, slos, NoBatching())
+    target = _tensor_target(
+        cell, open_engine, harness_settings, harness_settings.slos, NoBatching()
+    )
     result = sweep(target.rate_point, RATES[harness_settings.profile.name], _rule(harness_settings))
     finish_sweep(cell, result, target.points, "req/s", {"arrivals": target.seed})
 
@@ -216,8 +225,9 @@ def _finish_capacity(
 @pytest.mark.report_spec(SOAK)
 def test_soak(cell: Cell, open_engine: OpenEngine, harness_settings: RunSettings) -> None:
     profile = harness_settings.profile
-    slos = e2e_slos(harness_settings.slos)
-    target = _tensor_target(cell, open_engine, harness_settings, slos, NoBatching())
+    target = _tensor_target(
+        cell, open_engine, harness_settings, harness_settings.slos, NoBatching()
+    )
     run = target.serve(OpenLoop(rate=SOAK_RATE["tensor"], duration=profile.soak_s), target.seed)
     finish_soak(cell, run, profile.soak_s, profile.soak_windows, {"arrivals": target.seed})
 
@@ -249,8 +259,9 @@ def _shape(name: str, family: str, duration: float) -> tuple[Schedule, list[floa
 def test_load_shape(
     cell: Cell, open_engine: OpenEngine, harness_settings: RunSettings, shape: str
 ) -> None:
-    slos = e2e_slos(harness_settings.slos)
-    target = _tensor_target(cell, open_engine, harness_settings, slos, NoBatching())
+    target = _tensor_target(
+        cell, open_engine, harness_settings, harness_settings.slos, NoBatching()
+    )
     load, edges, doc = _shape(shape, "tensor", harness_settings.profile.window_s * 2)
     run = target.serve(load, target.seed)
     finish_shape(cell, run, edges, doc, {"arrivals": target.seed})

@@ -68,6 +68,7 @@ REPORT = ReportSpec(
     scenario=("dataset",),
     contender=("prefix_cache",),
     timing_floor=reporting.LAG_P99,
+    latencies=reporting.STREAMED,
     plots=(reporting.TTFT_CDF, reporting.E2E_CDF, *reporting.TRAFFIC_PLOTS),
 )
 

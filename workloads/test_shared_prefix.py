@@ -49,6 +49,7 @@ REPORT = ReportSpec(
     scenario=("prompts", "length"),
     contender=("prefix_cache",),
     timing_floor=reporting.LAG_P99,
+    latencies=reporting.STREAMED,
     plots=(reporting.TTFT_CDF, reporting.E2E_CDF, *reporting.TRAFFIC_PLOTS),
 )
 

@@ -37,6 +37,7 @@ REPORT = ReportSpec(
     tokens=reporting.TOKENS,
     scenario=("load", "level"),  # the loop and its concurrency or rate pose the question
     timing_floor=reporting.LAG_P99,
+    latencies=reporting.STREAMED,
     plots=(reporting.TTFT_CDF, reporting.E2E_CDF),
 )
 

@@ -53,6 +53,7 @@ REPORT = ReportSpec(
     tokens=reporting.TOKENS,
     scenario=("trace",),
     timing_floor=reporting.LAG_P99,
+    latencies=reporting.STREAMED,
     plots=(reporting.TTFT_CDF, reporting.E2E_CDF, *reporting.TRAFFIC_PLOTS),
 )
 

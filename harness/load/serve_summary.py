@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from harness.load.serving import ServeTrace
 from harness.metrics import failures, slowlog, stats
-from harness.metrics.streamtiming import SLO, slo_verdicts
+from harness.metrics.slo import SLO, slo_verdicts, slos_on, within
 from harness.metrics.validity import Evidence, latency_trend
 
 Array = npt.NDArray[np.float64]
@@ -32,23 +32,24 @@ class TraceSummary:
     """Latency of the successful requests, seconds from their scheduled time."""
 
 
-def e2e_slos(slos: Sequence[SLO]) -> tuple[SLO, ...]:
-    """The SLOs a tensor request can be held to: only end-to-end latency applies."""
-    return tuple(s for s in slos if s.metric == "e2e")
+SERVED_LATENCIES = ("e2e",)
+"""What a served tensor request is held to: its end-to-end latency from its scheduled
+time. The tensor workloads that serve through here declare it (``ReportSpec.latencies``)."""
 
 
 def summarize_trace(
     trace: ServeTrace, offered_rate: float, slos: Sequence[SLO] = (), *, stationary: bool = True
 ) -> TraceSummary:
-    """``stationary``: the offered rate is constant over the window, so a trend in latency
-    is the system's and becomes a warning; False for a shaped load (a ramp, a burst)."""
+    """``slos``: the run's; those on ``SERVED_LATENCIES`` apply. ``stationary``: the offered
+    rate is constant over the window, so a trend in latency is the system's and becomes a
+    warning; False for a shaped load (a ramp, a burst)."""
     ok = ~trace.failed
     e2e_all = trace.t_done - trace.t_sched
     e2e = e2e_all[ok]
     n_ok, n_failed, window = int(ok.sum()), int(trace.failed.sum()), trace.window
     spans = {k: v[ok] for k, v in trace.request_spans().items()}
     e2e_summary = stats.summarize(e2e, n_failed)
-    good = int(np.sum(ok & _meets(e2e_all, slos)))
+    good = int(np.sum(ok & within({"e2e": e2e_all}, slos)))
     metrics: dict[str, Any] = {
         "e2e": stats.to_json(e2e_summary),
         "queue": stats.to_json(stats.summarize(spans["queue"])),
@@ -59,7 +60,7 @@ def summarize_trace(
         "requests": {"total": n_ok + n_failed, "ok": n_ok, "failed": n_failed, "met_slo": good},
         "errors": failures.tally(trace.errors),
     }
-    metrics["slo"] = slo_verdicts(metrics, slos)
+    metrics["slo"] = slo_verdicts(metrics, slos, SERVED_LATENCIES)
     lag_p99 = stats.conservative(trace.lag, 99.0)
     evidence = Evidence(
         samples=n_ok,
@@ -72,7 +73,7 @@ def summarize_trace(
         notes=_trend(e2e, trace.t_sched[ok], lag_p99) if stationary else (),
         span=(float(trace.t_sched.min()), float(trace.t_done.max())) if window > 0 else None,
     )
-    threshold = min((s.threshold_s for s in slos), default=None)
+    threshold = min((s.threshold_s for s in slos_on(slos, SERVED_LATENCIES)), default=None)
     slow = slowlog.select(
         e2e,
         trace.t_sched[ok],
@@ -90,13 +91,6 @@ def _trend(e2e: Array, t_sched: Array, lag_p99_s: float | None) -> tuple[str, ..
     due); ordering by ``t_sched`` again (stable) costs little and keeps it so."""
     trend = latency_trend(e2e[np.argsort(t_sched, kind="stable")], floor_s=lag_p99_s)
     return (trend,) if trend else ()
-
-
-def _meets(e2e: Array, slos: Sequence[SLO]) -> npt.NDArray[np.bool_]:
-    met = np.ones(e2e.size, dtype=np.bool_)
-    for slo in slos:
-        met &= e2e <= slo.threshold_s
-    return met
 
 
 def _throughput(n_ok: int, good: int, window: float) -> dict[str, Any]:

@@ -16,11 +16,14 @@ are the answer (``Chunk.reasoning_tokens``): ``ttft`` stays the time to the firs
 of any kind, ``ttft_answer`` = t_first_answer - t_sched is the time to the first answer
 token, and the ``reasoning`` section splits the tokens; both appear only in cells where
 some request had reasoning, so other cells' records are unchanged.
+
+SLOs (harness.metrics.slo) hold each request to its ``ttft``, ``tpot``, ``e2e`` and
+largest ITL gap (``STREAM_LATENCIES``); the run's SLOs on other latencies are other
+workloads' and leave a stream's goodput and verdicts as they are.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +31,21 @@ from itertools import pairwise
 from typing import Literal
 
 from harness.metrics import failures, stats
+from harness.metrics.slo import BUILT_IN, SLO, parse_slos, slo_verdicts, within
+
+__all__ = [
+    "SLO",
+    "STREAM_LATENCIES",
+    "InputSource",
+    "RequestRecord",
+    "StreamMetrics",
+    "meets",
+    "parse_slos",
+]
+
+STREAM_LATENCIES = BUILT_IN
+"""The latencies a streamed request is held to, per request (``meets``) and per cell (all
+of the harness's own): what the generative workloads declare (``ReportSpec.latencies``)."""
 
 InputSource = Literal["engine", "prompt ids", "tokenizer", "unknown"]
 """Where a request's input-token count came from (harness.load.streamdriver)."""
@@ -145,85 +163,19 @@ class RequestRecord:
         return [b - a for a, b in pairwise(times)]
 
 
-@dataclass(frozen=True)
-class SLO:
-    """``metric`` p``percentile`` must be <= ``threshold_s``; per request, metric <= threshold."""
-
-    metric: str
-    percentile: float
-    threshold_s: float
-
-    METRICS = ("ttft", "tpot", "e2e", "itl")
-
-    def __post_init__(self) -> None:
-        if self.metric not in self.METRICS:
-            raise ValueError(
-                f"SLO metric must be one of {', '.join(self.METRICS)}, got {self.metric!r}"
-            )
-        if not 0 < self.percentile < 100:
-            raise ValueError("SLO percentile must be in (0, 100)")
-        if not (math.isfinite(self.threshold_s) and self.threshold_s > 0):
-            raise ValueError("SLO threshold must be a positive duration")
-
-    @property
-    def key(self) -> str:
-        return f"{self.metric}_p{self.percentile:g}"
-
-
-def parse_slos(text: str) -> tuple[SLO, ...]:
-    """``"ttft_p99=200ms,tpot_p99=50ms"`` -> SLOs (units: s, ms, us; bare numbers are s).
-
-    Every flaw is a ``ValueError`` that names the item: a metric given twice is one (which
-    of two thresholds was meant cannot be guessed)."""
-    slos: dict[str, SLO] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        slo = _slo(item)
-        if slo.key in slos:
-            raise ValueError(f"{slo.key} is given twice; give each metric and percentile once")
-        slos[slo.key] = slo
-    return tuple(slos.values())
-
-
-def _slo(item: str) -> SLO:
-    key, sep, value = item.partition("=")
-    metric, _, pct = key.strip().rpartition("_p")
-    if not sep or not metric or not pct:
-        raise ValueError(f"SLO {item!r}: expected METRIC_pNN=DURATION, e.g. ttft_p99=200ms")
-    try:
-        percentile = float(pct)
-    except ValueError:
-        raise ValueError(f"SLO {item!r}: p{pct} is not a percentile; e.g. p99 or p99.9") from None
-    try:
-        return SLO(metric.strip(), percentile, _duration(value.strip()))
-    except ValueError as exc:
-        raise ValueError(f"SLO {item!r}: {exc}") from None
-
-
-def _duration(text: str) -> float:
-    number, scale = text, 1.0
-    for suffix, factor in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
-        if text.endswith(suffix):
-            number, scale = text[: -len(suffix)], factor
-            break
-    try:
-        return float(number) * scale
-    except ValueError:
-        raise ValueError(
-            f"{text!r} is not a duration; give a number with s, ms or us, e.g. 200ms"
-        ) from None
-
-
 def meets(rec: RequestRecord, slos: Sequence[SLO]) -> bool:
     """Per-request SLO check for goodput; a failed request never meets an SLO."""
-    if not rec.ok:
-        return False
-    values = {
-        "ttft": rec.t_first - rec.t_sched,
-        "tpot": rec.tpot or 0.0,
-        "e2e": rec.t_last - rec.t_sched,
-        "itl": max(rec.itl(), default=0.0),
+    return rec.ok and bool(within(_held_to([rec]), slos).all())
+
+
+def _held_to(ok: Sequence[RequestRecord]) -> dict[str, list[float]]:
+    """What each successful request is held to: its TTFT, TPOT, E2E and largest ITL gap."""
+    return {
+        "ttft": [r.t_first - r.t_sched for r in ok],
+        "tpot": [r.tpot or 0.0 for r in ok],
+        "e2e": [r.t_last - r.t_sched for r in ok],
+        "itl": [max(r.itl(), default=0.0) for r in ok],
     }
-    return all(values[s.metric] <= s.threshold_s for s in slos)
 
 
 @dataclass
@@ -282,7 +234,7 @@ class StreamMetrics:
             out[name] = stats.to_json(stats.summarize(values, fails))
         ok = self.ok
         n_out = sum(r.n_out for r in ok)
-        good = sum(meets(r, self.slos) for r in self.records)
+        good = int(within(_held_to(ok), self.slos).sum())
         out["throughput"] = {
             "requests_per_s": len(ok) / self.window_s,
             "requests_per_s_ci95": list(stats.rate_ci(len(ok), self.window_s)),
@@ -290,7 +242,7 @@ class StreamMetrics:
             "goodput_requests_per_s": good / self.window_s,
         }
         out["tokens"] = self._token_accounting()
-        out["slo"] = slo_verdicts(out, self.slos)
+        out["slo"] = slo_verdicts(out, self.slos, STREAM_LATENCIES)
         out["requests"] = {
             "total": len(self.records),
             "ok": len(ok),
@@ -342,19 +294,3 @@ class StreamMetrics:
             "retokenized_requests": len(retok),
             "retokenized_mismatch": sum(r.n_out_retokenized != r.n_out for r in retok),
         }
-
-
-def slo_verdicts(metrics: Mapping[str, object], slos: Sequence[SLO]) -> dict[str, object]:
-    """Each SLO judged on the error-adjusted percentile of its metric's summary in
-    ``metrics`` (a failed request counts as infinite latency); no value, not met."""
-    verdicts: dict[str, object] = {}
-    for slo in slos:
-        summary = metrics.get(slo.metric)
-        adjusted = summary.get("adjusted", {}) if isinstance(summary, dict) else {}
-        value = adjusted.get(stats.percentile_key(slo.percentile))
-        verdicts[slo.key] = {
-            "threshold_s": slo.threshold_s,
-            "value_s": value,
-            "met": value is not None and value <= slo.threshold_s,
-        }
-    return verdicts

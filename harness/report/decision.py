@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from harness.metrics.streamtiming import SLO
+from harness.metrics.slo import SLO
 from harness.report import pareto
 from harness.report.matrix import fmt_number
 from harness.report.plots import slug
@@ -445,6 +445,14 @@ def decide(runs: Sequence[RunContents], options: Options) -> Decision:
         _question(w, qid, ctx) for w, qid in zip(rec.workloads, _ids(rec), strict=True)
     )
     return Decision(_slo_line(slos, source), source, questions, notes)
+
+
+def check_given_slos(runs: Sequence[RunContents], options: Options) -> None:
+    """RecommendError unless each SLO given names a latency some cell of ``runs``
+    declares (the runs' own SLOs apply where they can: a run may hold SLOs for
+    workloads another run measured)."""
+    if options.slos is not None:
+        evidence.check_slos(options.slos, [c for run in runs for c in evidence.cells_of(run)])
 
 
 def _recommendation(

@@ -192,7 +192,10 @@ _Built = tuple[str, list[plots.Plot], runset.Merged]
 def _vetted(
     runs: runset.RunSet, skip_damaged: bool, options: decision.Options, style: PathStyle | None
 ) -> tuple[runset.RunSet, _Built]:
-    """The page built from ``runs`` less the records it cannot be built from."""
+    """The page built from ``runs`` less the records it cannot be built from; an SLO
+    given that names no latency of the runs is refused first (a usage error, not a
+    damaged record)."""
+    decision.check_given_slos([r.contents for r in runs.runs], options)
     kept, built = vet(
         [r.contents for r in runs.runs],
         lambda contents: _build(contents, options, style),

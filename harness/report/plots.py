@@ -27,7 +27,7 @@ from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 
 from harness.load.capacity import LoadPoint
-from harness.metrics.streamtiming import SLO, parse_slos
+from harness.metrics.slo import BUILT_IN, parse_slos
 from harness.report.runset import RunSet
 from harness.results.records import CellRecord, Status, format_param
 from harness.results.reportspec import (
@@ -425,14 +425,14 @@ def telemetry(cells: Sequence[Cell]) -> list[Plot]:
 
 
 def declared_cdfs(cells: Sequence[Cell]) -> list[Plot]:
-    """The CDFs the workloads declared, per sample set: the SLO metrics in their order
-    (TTFT before E2E), then any other in name order."""
+    """The CDFs the workloads declared, per sample set: the harness's own latencies in
+    their order (TTFT before E2E), then any other in name order."""
     groups: dict[str, list[Cell]] = defaultdict(list)
     what: dict[str, str] = {}
     for cell in cells:
         for decl in cell.declared(CdfPlot):
             groups[decl.samples].append(cell)
             what.setdefault(decl.samples, decl.what)
-    order = SLO.METRICS
+    order = BUILT_IN
     keys = sorted(groups, key=lambda k: (order.index(k) if k in order else len(order), k))
     return [plot for key in keys for plot in cdfs(groups[key], key, what[key])]

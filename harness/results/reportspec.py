@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from harness.metrics.slo import check_name
 from harness.results.model import Frozen
 
 
@@ -42,6 +43,24 @@ class Rate(Frozen):
     """Path to the number of units completed over the record's ``window.duration_s``:
     with it, and per-request samples of an SLO's metric, ``recommend`` recounts goodput
     (requests within every SLO / window) instead of judging percentiles."""
+
+
+class Latency(Frozen):
+    """A latency the workload measures, which ``--slo NAME_pNN=DURATION`` may name.
+
+    ``name`` is the key of its summary in the metrics (``stats.to_json`` of seconds; with a
+    ``search``, in the settled point's ``full`` metrics): a cell is judged on its
+    error-adjusted percentile. ``samples``: the key of its raw values in the record's
+    samples where there is one per completed request, in request order; with the
+    throughput's ``completed``, ``recommend`` then recounts goodput request by request
+    (it checks the count), else it judges the percentile."""
+
+    name: str
+    samples: str | None = None
+    unit: Literal["s"] = "s"
+    """Seconds: SLO thresholds are durations (the reports show them in ms)."""
+
+    _name = field_validator("name")(check_name)
 
 
 class Paired(Frozen):
@@ -177,6 +196,10 @@ class ReportSpec(Frozen):
     """Path to the load generator's own timing error (its lag p99, seconds): ``compare``
     does not call a latency change smaller than it."""
     plots: tuple[PlotSpec, ...] = ()
+    latencies: tuple[Latency, ...] | None = None
+    """The latencies SLOs may name (harness.metrics.slo). None: the workload declares none,
+    so ``--slo`` in a run names none of its cells' metrics; a record written before the
+    field existed reads as holding those of ttft, tpot, e2e and itl its metrics have."""
 
     @model_validator(mode="after")
     def _consistent(self) -> ReportSpec:
@@ -186,7 +209,14 @@ class ReportSpec(Frozen):
         for what, path in self.paths():
             if not path or any(not part for part in path.split(".")):
                 raise ValueError(f"{what}: {path!r} is not a dotted metrics path")
+        names = self.latency_names()
+        if len(set(names)) != len(names):
+            raise ValueError(f"latencies: each name once, got {', '.join(names)}")
         return self
+
+    def latency_names(self) -> tuple[str, ...]:
+        """The names of the declared latencies (none declared: none)."""
+        return tuple(latency.name for latency in self.latencies or ())
 
     def paths(self) -> Iterator[tuple[str, str]]:
         """(what, path) of every metrics path declared, for ``check_path``."""
@@ -205,7 +235,10 @@ class ReportSpec(Frozen):
         if self.search is None:
             if self.tokens is not None:
                 yield "tokens", self.tokens
-        else:  # tokens are then in the settled point's metrics, absent when it found none
+            for name in self.latency_names():
+                yield f"latency {name!r}", name
+        else:  # tokens and latencies are then in the settled point's metrics, absent when
+            # it found none
             yield "search.points", self.search.points
             yield "search.settled", self.search.settled
 

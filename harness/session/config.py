@@ -18,7 +18,7 @@ from typing import Any
 from harness.engine import registry
 from harness.exceptions import UnknownEngine, UsageError
 from harness.load.clients import is_network_client
-from harness.metrics.streamtiming import SLO, parse_slos
+from harness.metrics.slo import SLO, parse_slos
 from harness.metrics.validity import Policy
 from harness.session.execution import (
     ClientsOn,

@@ -78,7 +78,8 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--slo",
         metavar="METRIC_pNN=DURATION[,...]",
-        help="SLOs for goodput and verdicts, e.g. ttft_p99=200ms,tpot_p99=50ms",
+        help="SLOs for goodput and verdicts, e.g. ttft_p99=200ms,tpot_p99=50ms; METRIC: a"
+        " latency the selected workloads declare (ttft, tpot, e2e, itl for the built-in ones)",
     )
     group.addoption(
         "--engine-opt",
@@ -372,7 +373,9 @@ def _add_dist_options(group: pytest.OptionGroup) -> None:
 
 
 def settings_from(config: pytest.Config) -> RunSettings:
-    """Every option validated once; a bad value is a usage error, never a traceback.
+    """Every option validated once; a bad value is a usage error, never a traceback
+    (``--slo`` is held to the selected cells' latencies once they are collected:
+    harness.session.slocheck).
 
     Secrets in engine options are remembered first, so that no message, record, log or
     report line shows them, even one about a malformed option."""

@@ -21,18 +21,19 @@ workload-specific comes from what each workload declared in its records
 
 * Only cells with status ok (verdict valid) are candidates. Invalid, failed, timed-out,
   crashed, skipped and missing cells are listed with their reasons, never recommended.
-* An SLO applies to a cell that measured its metric (tensor cells have ``e2e`` only,
-  generative cells ``ttft``/``tpot``/``e2e``/``itl``; cells that serve no load of
-  requests have none, so they are ranked by their declared throughput, "no SLO
-  applied").
+* An SLO applies to a cell that declares its latency (``ReportSpec.latencies``: tensor
+  cells that serve requests ``e2e``, generative cells ``ttft``/``tpot``/``e2e``/``itl``,
+  a workload's own) and measured it; cells with none are ranked by their declared
+  throughput, "no SLO applied". An SLO naming a latency no cell of the runs declares is
+  bad input; without SLOs every question is ranked by throughput.
 * A cell meets an SLO when the error-adjusted percentile (a failed request counts as
   infinite latency) is within the threshold; a percentile the cell could not report
   (too few requests) does not meet it.
 * Goodput is requests that met every SLO / window. It is recounted from the record's
-  per-request samples where they are aligned per request (``e2e``, ``ttft``, and
-  ``tpot`` when every request has one), the throughput declares its count of completed
-  requests, and the record's window is the one its rates were computed over; otherwise
-  a cell that meets the SLO is credited its throughput.
+  per-request samples where each latency declares them and they are aligned per request
+  (``e2e``, ``ttft``, and ``tpot`` when every request has one), the throughput declares
+  its count of completed requests, and the record's window is the one its rates were
+  computed over; otherwise a cell that meets the SLO is credited its throughput.
 * A declared load search (a sweep, a capacity search) holds several load points: the
   candidate is the point with the highest throughput that meets the SLO, and its load
   is part of the configuration. A saturated point or cell (completing clearly less than

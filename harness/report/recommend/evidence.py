@@ -12,8 +12,8 @@ from typing import Any, cast
 
 from harness.exceptions import RecordError
 from harness.load.capacity import KneeRule, LoadPoint
+from harness.metrics.slo import BUILT_IN, SLO, adjusted_percentile, check_named, within
 from harness.metrics.stats import min_samples_for, percentile_key, rate_ci
-from harness.metrics.streamtiming import SLO
 from harness.report import pareto
 from harness.report.matrix import fmt_number
 from harness.report.recommend.model import (
@@ -29,7 +29,7 @@ from harness.results.environment import hardware
 from harness.results.reading import RunContents
 from harness.results.records import CellRecord, Status, format_param
 from harness.results.redact import MASK, is_secret_name
-from harness.results.reportspec import Rate, ReportSpec
+from harness.results.reportspec import Latency, Rate, ReportSpec
 
 # Below this share of the offered rate a point is saturated (the knee rule's own bound).
 MIN_ACHIEVED = KneeRule().min_achieved
@@ -151,10 +151,9 @@ def _summary_value(metrics: Mapping[str, Any], slo: SLO) -> tuple[float | None, 
     summary = metrics.get(slo.metric)
     if not isinstance(summary, dict):
         return None, "not recorded"
-    key = percentile_key(slo.percentile)
-    adjusted = summary.get("adjusted")
-    value = _num(adjusted.get(key)) if isinstance(adjusted, dict) else None
+    value = adjusted_percentile(summary, slo.percentile)
     if value is None:
+        key = percentile_key(slo.percentile)
         return (
             None,
             f"not measured (too few requests: {key} needs {min_samples_for(slo.percentile)})",
@@ -205,6 +204,40 @@ def has_metric(record: CellRecord, metric: str) -> bool:
     return isinstance(record.metrics.get(metric), dict)
 
 
+UNDECLARED = tuple(Latency(name=n, samples=None if n == "itl" else n) for n in BUILT_IN)
+"""What a record that declares no latencies is held to (as every record was before
+workloads declared them): the harness's own latencies, each with its samples where they
+are one per request (``itl`` has one per token)."""
+
+
+def latencies(cell: RunCell) -> tuple[Latency, ...]:
+    """The latencies an SLO may hold ``cell`` to: those its workload declares; for a cell
+    that declares none, those of the harness's own its record measured (all of them where
+    it has no measurement to tell)."""
+    if cell.spec.latencies is not None:
+        return cell.spec.latencies
+    record = cell.record
+    if record is None or not record.metrics:
+        return UNDECLARED
+    return tuple(x for x in UNDECLARED if has_metric(record, x.name))
+
+
+def check_slos(slos: Sequence[SLO], cells: Sequence[RunCell]) -> None:
+    """RecommendError, saying what the runs have, unless each SLO names a latency some
+    cell of the runs declares: an SLO that could apply nowhere is a mistake to point out,
+    not a ranking by throughput."""
+    declared = {x.name for cell in cells for x in latencies(cell)}
+    try:
+        check_named(
+            slos,
+            declared,
+            where="these runs",
+            fix="name one of those, or leave --slo out to rank by throughput",
+        )
+    except ValueError as exc:
+        raise RecommendError(str(exc)) from None
+
+
 def _counted(record: CellRecord, rate: Rate) -> tuple[int, float] | None:
     """The completed count and the window the cell's rate is that count over, or None
     when the record does not say both, or its rate was measured over another window."""
@@ -221,27 +254,32 @@ def _counted(record: CellRecord, rate: Rate) -> tuple[int, float] | None:
 
 
 def _sample_goodput(
-    record: CellRecord, slos: Sequence[SLO], counted: tuple[int, float] | None
+    record: CellRecord,
+    slos: Sequence[SLO],
+    counted: tuple[int, float] | None,
+    held: Sequence[Latency],
 ) -> tuple[int, float] | None:
     """Requests within every SLO and the window, from per-request samples, or None when
     the record's samples cannot say it exactly. ``counted``: the record's completed
-    count and window (``_counted``).
+    count and window (``_counted``); ``held``: the cell's latencies, which say where
+    each one's per-request samples are (``itl`` has one per token: none).
 
     Workloads store ``e2e`` and ``ttft`` once per successful request, in request
-    order; ``tpot`` skips single-token requests (then it is not aligned); ``itl`` is
-    per token. Failed requests have no samples and never meet an SLO.
+    order; ``tpot`` skips single-token requests (then it is not aligned). Failed
+    requests have no samples and never meet an SLO.
     """
-    if any(s.metric == "itl" for s in slos) or counted is None:
+    if counted is None:
         return None
     ok, window = counted
-    columns = [record.samples.get(s.metric) for s in slos]
-    if any(col is None or len(col) != ok for col in columns):
-        return None
-    good = sum(
-        all(v <= s.threshold_s for v, s in zip(row, slos, strict=True))
-        for row in zip(*[c for c in columns if c is not None], strict=True)
-    )
-    return good, window
+    where = {x.name: x.samples for x in held}
+    columns: dict[str, list[float]] = {}
+    for s in slos:
+        key = where.get(s.metric)
+        column = record.samples.get(key) if key is not None else None
+        if column is None or len(column) != ok:
+            return None
+        columns[s.metric] = column
+    return int(within(columns, slos).sum()), window
 
 
 def _energy(record: CellRecord) -> dict[str, Any]:
@@ -308,7 +346,7 @@ def _simple(cell: RunCell, record: CellRecord, slos: Sequence[SLO]) -> Candidate
     ci = _interval(record.metric(rate.ci)) if rate.ci is not None else None
     if not slos:
         method, goodput = "no SLO", throughput
-    elif (recount := _sample_goodput(record, slos, counted)) is not None:
+    elif (recount := _sample_goodput(record, slos, counted, latencies(cell))) is not None:
         good, window = recount
         method, goodput, ci = "samples", good / window, rate_ci(good, window)
     else:

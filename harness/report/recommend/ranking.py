@@ -16,15 +16,17 @@ from typing import Any
 
 from harness.exceptions import RecordError
 from harness.metrics.energy import J_PER_KWH
-from harness.metrics.streamtiming import SLO
+from harness.metrics.slo import SLO
 from harness.report import pareto
 from harness.report.matrix import fmt_number
 from harness.report.recommend.evidence import (
     RunCell,
     cells_of,
+    check_slos,
     closeness,
     has_metric,
     judge,
+    latencies,
     read_runs,
 )
 from harness.report.recommend.model import (
@@ -317,14 +319,22 @@ def _engine_verdict(
     return EngineVerdict(engine, best, f"misses {what} in {tried}; closest: {why_missed(best)}")
 
 
+def _holds(cell: RunCell, metric: str) -> bool:
+    """An SLO on ``metric`` applies to the cell's question: the cell is ok, declares the
+    latency and measured it."""
+    record = cell.record
+    if record is None or record.status is not Status.OK:
+        return False
+    return any(x.name == metric for x in latencies(cell)) and has_metric(record, metric)
+
+
 def _advise(
     key: tuple[str, str, Params],
     cells: Sequence[RunCell],
     slos: Sequence[SLO],
     prices: Prices,
 ) -> WorkloadAdvice:
-    recorded = [c.record for c in cells if c.record is not None and c.record.status is Status.OK]
-    applied = [s for s in slos if any(has_metric(r, s.metric) for r in recorded)]
+    applied = [s for s in slos if any(_holds(c, s.metric) for c in cells)]
     judged = [j for c in cells for j in judge(c, applied)]
     found = [_energy_if_priced(j, prices) for j in judged if isinstance(j, Candidate)]
     left = tuple(j for j in judged if isinstance(j, NotConsidered))
@@ -475,6 +485,7 @@ def recommend(
         raise RecommendError(f"an SLO is given twice: {', '.join(keys)}")
     prices = Prices(gpu_hour_cost, energy_price)  # refused before any run is read
     runs = read_runs(run_dirs, skip_damaged)
+    check_slos(slos, [cell for run in runs for cell in cells_of(run)])
     try:
         _, rec = reading.vet(
             runs, lambda rs: _recommend_runs(rs, slos, prices), skip_damaged=skip_damaged

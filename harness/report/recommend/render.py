@@ -217,6 +217,8 @@ def _render_left_out(w: WorkloadAdvice) -> list[str]:
 
 
 def _render_slos(w: WorkloadAdvice) -> list[str]:
+    if not w.slos_applied and not w.slos_not_applicable:
+        return ["no SLO given: ranked by throughput"]
     if not w.slos_applied:
         return ["no SLO applied: none of the given SLOs is measured by this workload"]
     line = f"SLOs applied: {', '.join(w.slos_applied)}"
