@@ -7,7 +7,7 @@
 * ``overhead``: added latency per request, harness vs a direct call, with the ``null``
   engine at a fixed service time (0 and 1 ms).
 * ``http``: the highest streamed request rate that 1, 2, 4 client processes (the
-  ``openai`` adapter, aiohttp + SSE) sharing one schedule (``harness.load.clients``:
+  ``openai`` adapter on its own HTTP client) sharing one schedule (``harness.load.clients``:
   client i sends requests i, i+N, ... from a common start) sustain against a no-op
   streaming server on loopback, judged on their merged run as a cell is.
 

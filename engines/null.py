@@ -113,6 +113,14 @@ PREFIX_BLOCK = 16
 """Tokens per cached block (vLLM's default block size): only whole blocks are reused."""
 
 
+async def _until(due: float) -> None:
+    """Sleep until ``due`` on a schedule, not for a duration: the event loop's timers have
+    millisecond steps (asyncio's round a 0.3 ms sleep up to 1.1 ms, uvloop's to 0), so
+    per-token sleeps would stream at the loop's pace; sleeping to each token's due time
+    keeps the stream's rate what ``token_time_s`` says on either loop."""
+    await asyncio.sleep(max(due - time.perf_counter(), 0.0))
+
+
 def _wait(seconds: float) -> None:
     """Blocking wait: sleep the bulk, spin the last stretch (sleep overshoots ~0.1 ms)."""
     if seconds <= 0:
@@ -302,12 +310,14 @@ class NullGenerativeEngine(NullEngine):
         _wait(self._next_call())  # a stall blocks the event loop: the generator with it
         n_in, n_out = input_tokens(request), reply_length(request)
         prefill = (n_in - self._cached(request)) * self.prefill_token_s
+        due = time.perf_counter() + prefill
         if prefill > 0:
-            await asyncio.sleep(prefill)
+            await _until(due)
         finish = "length" if n_out == request.max_tokens else "stop"
         for i in range(n_out):
             if self.token_time > 0:
-                await asyncio.sleep(self.token_time)
+                due += self.token_time
+                await _until(due)
             yield Chunk(
                 n_tokens=1,
                 token_ids=(i % 100 + 4,),

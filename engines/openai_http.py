@@ -12,16 +12,17 @@ replies on the client, when it is a local Hugging Face directory with a tokenize
 transformers is installed (otherwise it may be absent or any name: counts then rest on
 the server's usage alone). Nothing here imports torch.
 
-Streams completions or chat over SSE with aiohttp, one event at a time (httpx served
-the first version: one client process topped out near 200 streamed requests/s, aiohttp
-sustains thousands; see docs/measurements.md). Token counts come from the server's usage
-in the stream (``stream_options.include_usage``: ``prompt_tokens`` and
-``completion_tokens``, passed on in the chunks), running usage
+Streams completions or chat over SSE on the harness's own HTTP/1.1 client
+(engines/openai_wire.py: keep-alive connections as asyncio protocols, httptools, orjson,
+uvloop; httpx and then aiohttp served before it, see docs/measurements.md). Token counts
+come from the server's usage in the stream (``stream_options.include_usage``:
+``prompt_tokens`` and ``completion_tokens``, passed on in the chunks), running usage
 (``continuous_usage_stats``) where offered: the difference between successive
-``completion_tokens`` is the number of tokens a chunk carried, even when its text is
-empty. Without running usage, a chunk with text counts as one token and ``describe()``
-says so. An HTTP error, an in-band error event or a stream that ends without ``[DONE]``
-fails the request.
+``completion_tokens`` is the number of tokens an event carried, even when its text is
+empty. Without running usage, an event with text counts as one token and ``describe()``
+says so. The events that one read of the socket brought are one chunk, stamped when the
+read returned (the client cannot tell apart what reached it together). An HTTP error, an
+in-band error event or a stream that ends without ``[DONE]`` fails the request.
 
 ``dialect`` says what the server's API takes. ``vllm`` (the default, and what SGLang,
 trtllm-serve and LMDeploy take too): token-id prompts as lists, the ``ignore_eos`` field.
@@ -43,6 +44,7 @@ appears in ``describe()``, records or logs.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -50,8 +52,17 @@ import time
 from collections.abc import AsyncIterator, Collection, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
-from engines.openai_stream import RequestFailed, StreamState, sse_events
+from engines.openai_stream import (
+    EventSplitter,
+    RequestFailed,
+    StreamState,
+    dumps,
+    loads,
+    sse_events,
+)
+from engines.openai_wire import Origin, Pool, Response, head, post, send_now
 from engines.vllm_server import SERVER_DEFAULTS
 from harness.engine import (
     Availability,
@@ -90,8 +101,8 @@ DIALECTS = ("vllm", "transformers")
 KEEPALIVE_S = 3.0
 """How long an idle connection is kept for the next request: under uvicorn's 5 s (vLLM's and
 transformers serve's servers), so that the client never sends on a connection the server
-is closing (aiohttp's default, 15 s, lost a request to "Can not write request body" after a
-pause between a cell's phases)."""
+is closing (aiohttp's default, 15 s, once lost a request to "Can not write request body"
+after a pause between a cell's phases)."""
 IGNORE_EOS_CONFIG = json.dumps({"eos_token_id": -1})
 """transformers serve's way to ignore the end of sequence: no token id is -1."""
 OPTIONS = OptionSchema(
@@ -198,13 +209,15 @@ class OpenAIEngine:
         self.config = config
         o = OPTIONS.resolve(config.options)
         self.base_url = o.get("base_url", "").rstrip("/")
+        self._path = urlsplit(self.base_url).path  # a prefix the server is mounted under
+        self._request_headers: dict[str, str] = {}
         self.api = o["api"]
         self.key_env = o["api_key_env"]
         self.timeout = float(o["timeout_s"])
         self.served_model = o.get("served_model", "")
         self.ignore_eos_field = o["ignore_eos_field"] == "1"
         self.dialect = dialect_of(config.options)
-        self._client: Any = None
+        self._client: Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tokenizer: Any = None
         self._server_version: str | None = None
@@ -216,7 +229,7 @@ class OpenAIEngine:
 
     @classmethod
     def probe(cls, device: str) -> Availability:
-        for module in ("aiohttp", "httpx"):
+        for module in ("httptools", "httpx"):
             if importlib.util.find_spec(module) is None:
                 return Availability(
                     False, f"{module} is not installed (pip install 'inference-harness[openai]')"
@@ -263,6 +276,7 @@ class OpenAIEngine:
                 version.json().get("version") if version.status_code == 200 else None
             )
         self._tokenizer = _client_tokenizer(self.config.model)
+        self._request_headers = self._headers()
         self._loaded = True
 
     def counters(self) -> dict[str, float]:
@@ -330,8 +344,17 @@ class OpenAIEngine:
             "token_id_prompts": "decoded to text; the server tokenizes them again"
             if self.dialect == "transformers"
             else "sent as token ids",
-            "client": {"library": "aiohttp", "timeout_s": self.timeout},
+            "client": self._client_info(),
             "client_retokenization": str(self.config.model) if self._tokenizer else None,
+        }
+
+    def _client_info(self) -> dict[str, Any]:
+        loop = type(self._loop).__module__.split(".")[0] if self._loop else "none yet"
+        return {
+            "library": f"engines/openai_wire.py on httptools {_version('httptools')}",
+            "event_loop": loop,
+            "json": loads.__module__,
+            "timeout_s": self.timeout,
         }
 
     def endpoint(self, request: GenerationRequest) -> str:
@@ -387,68 +410,98 @@ class OpenAIEngine:
             )
         return str(self._tokenizer.decode(ids))
 
-    async def _session(self) -> Any:
-        """The streaming client, made in the loop that uses it (aiohttp binds to one)."""
-        import aiohttp  # noqa: PLC0415
-
-        if self._client is None or self._loop is not asyncio.get_running_loop():
-            self._loop = asyncio.get_running_loop()
-            self._client = aiohttp.ClientSession(
-                headers=self._headers(),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=10.0, sock_read=self.timeout
-                ),
-                connector=aiohttp.TCPConnector(
-                    limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
-                ),
-            )
+    def _pool(self) -> Pool:
+        """The connection pool, made in the loop that uses it (connections belong to one)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            if self._client is not None:
+                self._client.close()
+            self._loop = loop
+            origin = Origin.of(self.base_url)
+            self._client = Pool(origin, KEEPALIVE_S, headers=self._request_headers)
         return self._client
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        """The request goes out when this is called, on a kept-alive connection where one
+        is free (the open-loop driver calls it at the request's due time, so the send is
+        not one more turn of the event loop late); the stream is read as it is iterated."""
         if not self._loaded:
             raise EngineError("engine not loaded: call load() first")
         api = self.endpoint(request)
-        body = self.payload(request)
-        session = await self._session()
-        path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
-        state = StreamState(api, transformers_serve=self.dialect == "transformers")
+        body = dumps(self.payload(request))
+        path = self._path + ("/v1/chat/completions" if api == "chat" else "/v1/completions")
         t_post = time.perf_counter()
-        async with session.post(self.base_url + path, json=body) as response:
+        sent = send_now(self._pool(), path, body, self.timeout) if _in_loop() else None
+        return self._stream(api, path, body, sent, t_post)
+
+    async def _stream(
+        self, api: str, path: str, body: bytes, sent: Response | None, t_post: float
+    ) -> AsyncIterator[Chunk]:
+        state = StreamState(api, transformers_serve=self.dialect == "transformers")
+        if sent is None:
+            t_post = time.perf_counter()
+            sent = await post(self._pool(), path, body, self.timeout)
+        response = await head(sent)
+        conn = response.conn
+        try:
             # sent to response headers: connection, transfer and the server's admission
-            headers_s = time.perf_counter() - t_post
+            headers_s = conn.t_read - t_post
             if response.status != 200:
-                body = (await response.read())[:300].decode(errors="replace")
-                raise RequestFailed(f"HTTP {response.status}: {body}")
-            async for event, data in sse_events(response.content.iter_any()):
-                if event == "error":
-                    raise RequestFailed(f"server error event: {data[:300]}")
-                chunk = state.feed(data)
-                if chunk is not None:
-                    yield chunk
+                text = (await response.read(300))[:300].decode(errors="replace")
+                raise RequestFailed(f"HTTP {response.status}: {text}")
+            splitter = EventSplitter()
+            last: list[bytes] = []
+            while True:  # Response.pieces, inlined: this loop runs for every read
+                if conn.body:
+                    datas = splitter.data(conn.take_body())
+                    if conn.complete:  # the last read: its chunk also closes the stream
+                        last = datas
+                        break
+                    chunk = state.feed_read(datas, conn.t_read)
+                    if chunk is not None:
+                        yield chunk
+                if conn.complete:
+                    break
+                await conn.readable()
+            read = state.read([*last, *splitter.close_data()])
+        finally:
+            response.release()
         state.close()
         retokenized = None
         if self._tokenizer is not None:
             retokenized = len(self._tokenizer.encode(state.text, add_special_tokens=False))
-        yield Chunk(n_tokens=0, retokenized=retokenized, client_stats={"http_headers_s": headers_s})
+        stats = {"http_headers_s": headers_s}
+        yield state.last_chunk(read, conn.t_read, retokenized=retokenized, client_stats=stats)
         self.saw_running_usage = state.running_usage
 
     async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+        self._close_pool()
 
     def close(self) -> None:
         scrape, self._scrape_client = self._scrape_client, None
         if scrape is not None:
             scrape.close()
-        loop, self._loop = self._loop, None
-        if self._client is None:
-            return
-        # The connection pool belongs to the loop that used it; close it there.
-        if loop is not None and not loop.is_closed() and not loop.is_running():
-            loop.run_until_complete(self.aclose())
-        else:
-            self._client = None  # its loop is gone: the sockets went with it
+        self._close_pool()
+
+    def _close_pool(self) -> None:
+        pool, self._client, self._loop = self._client, None, None
+        if pool is not None:
+            pool.close()
+
+
+def _in_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _client_tokenizer(model: Path | str | None) -> Any:

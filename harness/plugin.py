@@ -18,7 +18,7 @@ from typing import Any, Protocol, cast
 import pytest
 
 from harness.dist import raydist
-from harness.engine import Engine, EngineConfig, EngineError, is_fatal, registry
+from harness.engine import Engine, EngineConfig, EngineError, eventloop, is_fatal, registry
 from harness.exceptions import RecordError, UsageError
 from harness.metrics.telemetry import Telemetry
 from harness.report import matrix
@@ -76,7 +76,7 @@ class Shared:
     (not as fixture teardown, which would charge a failing close to the last cell)."""
 
     def __init__(self, fresh_process_per_instance: bool) -> None:
-        self.runner = asyncio.Runner()
+        self.runner = eventloop.runner()
         self.pool = EnginePool(fresh_process_per_instance)
         self.starts: dict[tuple[str, ...], float] = {}
         """Seconds each engine configuration took to load (by pool key)."""

@@ -57,7 +57,7 @@ def test_clients_auto_is_an_option_value() -> None:
 
 @pytest.mark.slow
 def test_the_ceiling_is_measured_against_the_noop_server() -> None:
-    pytest.importorskip("aiohttp")
+    pytest.importorskip("httptools")
     policy = PROFILES[ProfileName.QUICK].policy
     with asyncio.Runner() as aio:
         found = clientceiling.measure("openai", {}, policy, aio)
@@ -89,7 +89,7 @@ def noop_url():
 
 @pytest.mark.slow
 def test_clients_auto_sizes_a_cell_from_the_measured_ceiling(tmp_path: Path) -> None:
-    pytest.importorskip("aiohttp")
+    pytest.importorskip("httptools")
     with noop_url() as url:
         run = run_workloads(
             tmp_path,

@@ -602,7 +602,7 @@ def test_real_cells_with_a_fake_nvml_get_the_energy_of_their_window(pytester, mo
         str(REPO / "workloads"),
         f"--results-dir={results}",
         "--engine=null,null-gen",
-        "--engine-opt=null-gen.token_time_s=0.0003",
+        "--engine-opt=null-gen.token_time_s=0.001",  # a window over 1 s
         f"--model={model}",
         "--profile=quick",
         "--requests=40",

@@ -144,7 +144,7 @@ def test_every_generative_workload_gets_the_energy_of_its_measured_window(pytest
         pytester,
         GENERATIVE,
         "--engine=null-gen",
-        "--engine-opt=null-gen.token_time_s=0.0003",
+        "--engine-opt=null-gen.token_time_s=0.001",  # windows over 1 s: energy needs 2 readings
         f"--model={model}",
         "--requests=40",
     )

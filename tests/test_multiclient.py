@@ -431,7 +431,7 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout_s: float = 30.0) 
 @pytest.fixture(scope="module")
 def noop_url():
     """benchmarks/noop_server.py on a free loopback port, as its command line starts it."""
-    pytest.importorskip("aiohttp")
+    pytest.importorskip("httptools")
     port = _free_port()
     cmd = [sys.executable, "-m", "benchmarks.noop_server", "--port", str(port), "--processes", "1"]
     root = Path(__file__).resolve().parent.parent

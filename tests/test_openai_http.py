@@ -284,10 +284,10 @@ def test_sse_events_survive_any_split_and_crlf(size):
         return [e async for e in sse_events(_pieces(stream, size))]
 
     assert asyncio.run(collect_events()) == [
-        ("message", '{"a": 1}'),
-        ("error", "line one\nline two"),
-        ("message", "no-space"),
-        ("message", "[DONE]"),
+        ("message", b'{"a": 1}'),
+        ("error", b"line one\nline two"),
+        ("message", b"no-space"),
+        ("message", b"[DONE]"),
     ]
 
 
@@ -364,9 +364,10 @@ def test_each_request_kind_goes_to_its_own_endpoint(serve):
     chat_chunks = got[0]
     assert "".join(c.text for c in chat_chunks) == " Bado kefi"
     assert sum(c.n_tokens for c in chat_chunks) == 2
-    assert [c.prompt_tokens for c in chat_chunks[:-1]] == [12, 12, 12, 12]
-    assert chat_chunks[2].finish_reason == "stop"
-    assert chat_chunks[-2].completion_tokens == 2
+    # events that arrive in one read are one chunk: however they came, each says 12
+    assert {c.prompt_tokens for c in chat_chunks if c.n_tokens} == {12}
+    assert [c.finish_reason for c in chat_chunks if c.finish_reason] == ["stop"]
+    assert [c.completion_tokens for c in chat_chunks][-1] == 2  # the last says the total
 
 
 def test_natural_end_sends_ignore_eos_false_or_nothing(serve):

@@ -29,7 +29,7 @@ from tests.support.netns import (
 )
 
 pytest.importorskip("ray", reason="Ray is not installed (tox -e ray)")
-for module in ("aiohttp", "httpx"):
+for module in ("httptools", "httpx"):
     pytest.importorskip(module, reason="the openai adapter's extra is not installed")
 WHY_NOT = can_make_namespaces()
 pytestmark = [

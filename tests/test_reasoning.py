@@ -290,7 +290,8 @@ def drive(base_url: str) -> RequestRecord:
 
 
 def test_the_driver_records_the_split_of_a_reasoning_stream(serve):
-    r = drive(serve(stream_app(REASONING_EVENTS)))
+    # paced: each event its own read, so its own chunk ([DONE] alone yields none)
+    r = drive(serve(stream_app(REASONING_EVENTS, pace_s=0.02)))
     assert r.error is None
     # role, 2 reasoning, 2 answer, usage-only, the adapter's closing chunk
     assert r.chunk_tokens == (0, 1, 1, 1, 1, 0, 0)

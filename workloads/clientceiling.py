@@ -40,7 +40,9 @@ from harness.api import (
     stats,
 )
 
-LADDER = (100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0)
+LADDER = (100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0, 6400.0, 12800.0)
+"""Up to past one client process's ceiling on this project's machines (about 10,000 streamed
+requests/s of 16 tokens on one core: docs/measurements.md, "The streaming client")."""
 STEP_S = 1.0
 TOKENS = 16
 WARMUP = 64

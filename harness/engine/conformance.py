@@ -50,6 +50,7 @@ from harness.engine import (
     TensorEngine,
     TensorSpec,
     device_spans,
+    eventloop,
     is_fatal,
 )
 
@@ -302,13 +303,13 @@ class GenerativeConformance(_Lifecycle):
             await _collect(engine, GenerationRequest(subject.prompt, subject.max_tokens))
             _close_twice(engine)
 
-        asyncio.run(serve_then_close())
+        eventloop.run(serve_then_close())
 
     @pytest.fixture(scope="class")
     @classmethod
     def loop(cls) -> Iterator[asyncio.AbstractEventLoop]:
         # one loop for every request: an in-process engine stays bound to the first
-        loop = asyncio.new_event_loop()
+        loop = eventloop.new_loop()
         yield loop
         loop.close()
 

@@ -302,6 +302,10 @@ class Chunk:
     """Of the ``n_tokens``, how many are a reasoning model's reasoning (its thinking, where
     the stream separates it from the answer, e.g. ``delta.reasoning``); the rest are
     answer. ``text`` is the answer's text only."""
+    received_at: float | None = None
+    """When the bytes that carried this chunk were read (``time.perf_counter``), where
+    the adapter knows it (an HTTP client stamps each read once, for all the events in
+    it); None: the harness stamps the chunk when the stream yields it."""
 
     def __post_init__(self) -> None:
         if self.n_tokens < 0:

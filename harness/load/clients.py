@@ -25,7 +25,6 @@ returning a picklable ``ClientResult``, so another launcher (Ray actors) can cal
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import gc
 import math
@@ -45,6 +44,7 @@ from harness.engine import (
     EngineFactory,
     GenerationRequest,
     GenerativeEngine,
+    eventloop,
     registry,
 )
 from harness.load.clock import MonotonicClock
@@ -305,7 +305,7 @@ def run_client(spec: ClientSpec, await_start: StartSignal | None = None) -> Clie
         if not isinstance(engine, GenerativeEngine):
             raise EngineError(f"{spec.engine} is not a generative engine")
         driver = Driver(engine, MonotonicClock(), spec.timeout_s)
-        return asyncio.run(_client(driver, spec, await_start))
+        return eventloop.run(_client(driver, spec, await_start))
     finally:
         engine.close()
 

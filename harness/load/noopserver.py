@@ -25,7 +25,9 @@ import os
 import signal
 import socket
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, cast
+
+from harness.engine import eventloop
 
 MODEL = "noop"
 MAX_TOKENS = 256
@@ -134,8 +136,8 @@ class NoopProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without deriving from it
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -188,7 +190,7 @@ def serve(port: int, cpu: int | None = None, host: str = "127.0.0.1", nice: int 
     if nice:
         with contextlib.suppress(PermissionError):  # below 0 needs root: then run at 0
             os.nice(nice)
-    asyncio.run(_serve(port, host))
+    eventloop.run(_serve(port, host))
 
 
 def _die_with_parent() -> None:

@@ -14,15 +14,15 @@ Every chunk is stamped here, at the client, the moment the engine's stream yield
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from harness.engine import Chunk, GenerationRequest, GenerativeEngine, is_fatal
-from harness.load.clock import Clock, gc_paused
+from harness.load.clock import Clock, MonotonicClock, gc_paused
 from harness.load.progress import LIVE, schedule_span
 from harness.metrics.streamtiming import InputSource, RequestRecord
 
@@ -92,6 +92,19 @@ def _latest(new: T | None, old: T | None) -> T | None:
     return old if new is None else new
 
 
+class Started(NamedTuple):
+    """A request handed to its engine: when, how late, and the stream to read."""
+
+    t_send: float
+    lag: float
+    stream: AsyncIterator[Chunk]
+
+
+async def _failed(exc: Exception) -> AsyncIterator[Chunk]:
+    raise exc
+    yield  # an async generator that fails when first read  # pragma: no cover
+
+
 @dataclass(frozen=True)
 class Driver:
     """Sends requests to one engine and records what the client saw."""
@@ -110,17 +123,41 @@ class Driver:
         self, req: GenerationRequest, t_sched: float, t_intended: float | None = None
     ) -> RequestRecord:
         """Send ``req`` now; a failure of any kind is recorded on the request, never raised."""
-        clock = self.clock
-        t_send = clock.now()
-        lag = t_send - (t_sched if t_intended is None else t_intended)
+        return await self.follow(req, t_sched, self.start(req, t_sched, t_intended))
+
+    def start(
+        self, req: GenerationRequest, t_sched: float, t_intended: float | None = None
+    ) -> Started:
+        """Hand ``req`` to the engine now (``t_send``): its stream is read by ``follow``.
+        Called by the open-loop dispatcher itself at the due time, so that an engine that
+        sends when called (the openai client, on a free kept-alive connection) sends then,
+        not a turn of the event loop later when a task for the request first runs."""
+        t_send = self.clock.now()
         LIVE.sent += 1
-        LIVE.lag_s = lag
+        LIVE.lag_s = lag = t_send - (t_sched if t_intended is None else t_intended)
+        try:
+            stream = self.engine.generate(req)
+        except Exception as exc:  # raised at the call: the request failed like any other
+            if is_fatal(exc):
+                raise
+            stream = _failed(exc)
+        return Started(t_send, lag, stream)
+
+    async def follow(
+        self, req: GenerationRequest, t_sched: float, started: Started
+    ) -> RequestRecord:
+        """Read a started request's stream to its end; its record."""
+        clock = self.clock
+        t_send, lag, stream = started
         seen = _Seen()
         error: str | None = None
+        # an adapter's own stamp (when its read returned) is on this clock only
+        stamped = isinstance(clock, MonotonicClock)
         try:
             async with asyncio.timeout(self.timeout_s):
-                async for chunk in self.engine.generate(req):
-                    seen.take(chunk, clock.now())
+                async for chunk in stream:
+                    at = chunk.received_at
+                    seen.take(chunk, at if stamped and at is not None else clock.now())
         except TimeoutError:
             error = f"timeout after {self.timeout_s:g} s"
         except Exception as exc:  # a failed request is counted, never dropped
@@ -200,7 +237,8 @@ class Driver:
             for i in np.argsort(offsets, kind="stable").tolist():
                 t_sched = start + float(offsets[i])
                 await sleep_until(self.clock, t_sched)
-                tasks[i] = asyncio.create_task(self.one(requests[i], t_sched))
+                started = self.start(requests[i], t_sched)
+                tasks[i] = asyncio.create_task(self.follow(requests[i], t_sched, started))
             records = [await tasks[i] for i in range(len(requests))]
             LIVE.end_window()
             return records

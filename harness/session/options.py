@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness.engine import eventloop
 from harness.exceptions import UsageError
 from harness.results import redact
 from harness.session.config import MODEL_SET_CHOICES, ProfileName, RunSettings, parse_settings
@@ -384,6 +385,7 @@ def settings_from(config: pytest.Config) -> RunSettings:
         key, _, value = item.partition("=")
         redact.remember(redact.secrets_in_value(key, value))
     try:
+        eventloop.loop_factory()  # HARNESS_EVENT_LOOP, refused before anything runs
         reliability = parse_reliability(
             isolation=opt("isolation"),
             cell_timeout=opt("cell_timeout"),
