@@ -36,9 +36,14 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
         raise UsageError(f"{ENV}=uvloop, but uvloop is not installed (pip install uvloop)")
     if choice == "asyncio" or not has_uvloop:
         return asyncio.new_event_loop
+    return _uvloop
+
+
+def _uvloop() -> asyncio.AbstractEventLoop:
     import uvloop  # noqa: PLC0415
 
-    return uvloop.new_event_loop  # type: ignore[no-any-return]
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
 
 
 def runner() -> asyncio.Runner:
