@@ -24,6 +24,7 @@ Needs two cores and the vllm environment (``tox -e vllm --notest``); nothing els
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -120,8 +121,6 @@ def harness_point(port: int, rate: float, duration_s: float, output_len: int) ->
 
 
 async def _gather(driver: Any, requests: Sequence[Any]) -> None:
-    import asyncio  # noqa: PLC0415
-
     await asyncio.gather(*(driver.one(r, 0.0) for r in requests))
 
 

@@ -262,8 +262,8 @@ class EventSplitter:
 
     def data(self, piece: bytes) -> list[bytes]:
         """The ``data`` of the message events ``piece`` completed; an ``error`` event fails
-        the request. The common read (whole ``data: ...`` events only) is one split and
-        a slice per event."""
+        the request. The common read (whole one-line ``data: ...`` events only) is one
+        split in all; any other goes through ``feed``."""
         buf = self._rest + piece if self._rest else piece
         if buf[:6] == b"data: " and buf[-2:] == b"\n\n" and b"\r" not in buf:
             # whole one-line events only (JSON escapes its newlines): one split in all
@@ -271,12 +271,6 @@ class EventSplitter:
             if buf.count(b"\n") == 2 * n and buf.count(b"data: ") == n:
                 self._rest = b""
                 return buf[6:-2].split(b"\n\ndata: ")
-        if b"\r" not in buf:
-            *complete, rest = buf.split(b"\n\n")
-            datas = [raw[6:] for raw in complete if raw[:6] == b"data: " and b"\n" not in raw]
-            if len(datas) == len(complete):
-                self._rest = rest
-                return datas
         return _message_data(self.feed(piece))
 
     def close_data(self) -> list[bytes]:

@@ -8,10 +8,8 @@ import pytest
 
 from harness.exceptions import UsageError
 from harness.metrics.slo import SLO, check_named
-from harness.results.reportspec import ReportSpec
-from harness.session.cell import REPORT_SPEC_MARK
 from harness.session.config import RunSettings
-from harness.session.state import is_cell
+from harness.session.state import is_cell, report_spec_of
 
 SLO_FIX = (
     "name one of those, or declare the latency in the workload's ReportSpec(latencies=...)"
@@ -48,8 +46,5 @@ class SloCheck:
 
 
 def _declared(item: pytest.Item) -> tuple[str, ...]:
-    """The latencies the cell's workload declares (a malformed mark is the plugin's to
-    refuse, naming the test)."""
-    marker = item.get_closest_marker(REPORT_SPEC_MARK)
-    spec = marker.args[0] if marker is not None and marker.args else None
-    return spec.latency_names() if isinstance(spec, ReportSpec) else ()
+    spec = report_spec_of(item)
+    return spec.latency_names() if spec is not None else ()

@@ -126,11 +126,11 @@ def planned_cell(item: pytest.Function) -> PlannedCell:
         engine=engine,
         params=params,
         nodeid=item.nodeid,
-        report_spec=_report_spec(item),
+        report_spec=report_spec_of(item),
     )
 
 
-def _report_spec(item: pytest.Function) -> ReportSpec | None:
+def report_spec_of(item: pytest.Item) -> ReportSpec | None:
     """What the workload declared with ``@pytest.mark.report_spec(ReportSpec(...))``."""
     marker = item.get_closest_marker(REPORT_SPEC_MARK)
     if marker is None:
