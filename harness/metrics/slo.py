@@ -35,7 +35,7 @@ BUILT_IN = ("ttft", "tpot", "e2e", "itl")
 """The latencies the harness's own summaries hold requests to (harness.load.serve_summary:
 ``e2e``; harness.load.stream_summary: all four), and the only ones SLOs could name before
 workloads declared theirs: a record that declares none is read as holding those of these
-it has (harness.report.recommend.evidence)."""
+it has (harness.report.recommend.candidates)."""
 
 
 def check_name(name: str) -> str:

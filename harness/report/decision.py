@@ -23,8 +23,10 @@ from harness.metrics.slo import SLO
 from harness.report import pareto
 from harness.report.matrix import fmt_number
 from harness.report.plots import slug
-from harness.report.recommend import evidence, ranking
-from harness.report.recommend.model import (
+from harness.report.recommend import candidates, ranking
+from harness.report.recommend.ranking import overlap
+from harness.report.recommend.recommendtext import also, describe, margin, pareto_mark, verdict
+from harness.report.recommend.verdicts import (
     Candidate,
     NotConsidered,
     Recommendation,
@@ -34,8 +36,6 @@ from harness.report.recommend.model import (
     figure_name,
     param_text,
 )
-from harness.report.recommend.ranking import overlap
-from harness.report.recommend.render import also, describe, margin, pareto_mark, verdict
 from harness.results.reading import RunContents
 from harness.results.records import CellRecord
 
@@ -252,9 +252,9 @@ def energy_text(record: CellRecord | None, c: Candidate, shared: bool) -> str:
     """Joules per output token or per request from the record's ``metrics.energy``, or
     why there is no such figure; never an estimate."""
     if c.load is not None:
-        return f"energy not measured for this load point: {evidence.SEARCH_ENERGY}"
+        return f"energy not measured for this load point: {candidates.SEARCH_ENERGY}"
     if shared:
-        return f"energy not measured per configuration: {evidence.PAIRED_ENERGY}"
+        return f"energy not measured per configuration: {candidates.PAIRED_ENERGY}"
     found = record.metrics.get("energy") if record is not None else None
     if not isinstance(found, dict):
         return "energy not measured: the record has no metrics.energy (no NVML reading kept)"
@@ -452,12 +452,12 @@ def check_given_slos(runs: Sequence[RunContents], options: Options) -> None:
     declares (the runs' own SLOs apply where they can: a run may hold SLOs for
     workloads another run measured)."""
     if options.slos is not None:
-        evidence.check_slos(options.slos, [c for run in runs for c in evidence.cells_of(run)])
+        candidates.check_slos(options.slos, [c for run in runs for c in candidates.cells_of(run)])
 
 
 def _recommendation(
     runs: Sequence[RunContents], slos: Sequence[SLO], options: Options
 ) -> Recommendation:
     infos = [RunInfo(r.manifest.run_id, r.manifest.run_id, r.state) for r in runs]
-    cells = [cell for run in runs for cell in evidence.cells_of(run)]
+    cells = [cell for run in runs for cell in candidates.cells_of(run)]
     return ranking.recommend_cells(infos, cells, slos, options.prices())

@@ -39,7 +39,7 @@ from harness.report.matrix import (
     writing,
 )
 from harness.report.publicpaths import PathStyle
-from harness.report.recommend.render import ci_text
+from harness.report.recommend.recommendtext import ci_text
 from harness.results.reading import Damaged, RunContents, vet
 from harness.results.records import CellRecord, Status, format_param
 

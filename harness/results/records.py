@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from harness.exceptions import NewerSchemaError, RecordError
 from harness.results import legacyspec
-from harness.results.model import Frozen
+from harness.results.frozen import Frozen
 from harness.results.redact import redact
 from harness.results.reportspec import ReportSpec
 

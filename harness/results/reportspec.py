@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from harness.metrics.slo import check_name
-from harness.results.model import Frozen
+from harness.results.frozen import Frozen
 
 
 class Rate(Frozen):

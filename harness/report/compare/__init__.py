@@ -62,7 +62,8 @@ harness.cli, the bootstrap and Holm's correction in harness.metrics.stats.
 from __future__ import annotations
 
 from harness.metrics.stats import RESAMPLES, holm, statistic
-from harness.report.compare.model import (
+from harness.report.compare.comparetext import render, to_json
+from harness.report.compare.comparison import (
     DEFAULT_ALPHA,
     DEFAULT_THRESHOLD,
     EXIT_CANNOT_COMPARE,
@@ -77,7 +78,6 @@ from harness.report.compare.model import (
     SkippedFile,
     direction,
 )
-from harness.report.compare.render import render, to_json
 from harness.report.compare.verdict import compare_runs
 
 __all__ = [

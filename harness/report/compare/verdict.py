@@ -12,16 +12,7 @@ from pathlib import Path
 
 from harness.exceptions import RecordError
 from harness.metrics import stats
-from harness.report.compare.evidence import (
-    Pending,
-    Run,
-    coverage_problems,
-    environment_check,
-    load_both,
-    measure,
-    pair_cells,
-)
-from harness.report.compare.model import (
+from harness.report.compare.comparison import (
     DEFAULT_ALPHA,
     DEFAULT_THRESHOLD,
     MISSING,
@@ -34,6 +25,15 @@ from harness.report.compare.model import (
     exit_status,
     is_worse,
     regressions_of,
+)
+from harness.report.compare.pairing import (
+    Pending,
+    Run,
+    coverage_problems,
+    environment_check,
+    load_both,
+    measure,
+    pair_cells,
 )
 from harness.results import reading
 from harness.results.reading import RunContents

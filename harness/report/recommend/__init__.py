@@ -72,7 +72,9 @@ JSON). The command line is in harness.cli; the HTML report's Decision
 
 from __future__ import annotations
 
-from harness.report.recommend.model import (
+from harness.report.recommend.ranking import Prices, recommend, recommend_cells
+from harness.report.recommend.recommendtext import render, to_json
+from harness.report.recommend.verdicts import (
     EXIT_NO_RECOMMENDATION,
     EXIT_OK,
     EXIT_USAGE,
@@ -88,8 +90,6 @@ from harness.report.recommend.model import (
     RunInfo,
     WorkloadAdvice,
 )
-from harness.report.recommend.ranking import Prices, recommend, recommend_cells
-from harness.report.recommend.render import render, to_json
 
 __all__ = [
     "EXIT_NO_RECOMMENDATION",

@@ -19,7 +19,7 @@ from harness.metrics.energy import J_PER_KWH
 from harness.metrics.slo import SLO
 from harness.report import pareto
 from harness.report.matrix import fmt_number
-from harness.report.recommend.evidence import (
+from harness.report.recommend.candidates import (
     RunCell,
     cells_of,
     check_slos,
@@ -29,7 +29,7 @@ from harness.report.recommend.evidence import (
     latencies,
     read_runs,
 )
-from harness.report.recommend.model import (
+from harness.report.recommend.verdicts import (
     Candidate,
     Cost,
     EngineVerdict,

@@ -16,7 +16,7 @@ from harness.metrics.slo import BUILT_IN, SLO, adjusted_percentile, check_named,
 from harness.metrics.stats import min_samples_for, percentile_key, rate_ci
 from harness.report import pareto
 from harness.report.matrix import fmt_number
-from harness.report.recommend.model import (
+from harness.report.recommend.verdicts import (
     Candidate,
     Check,
     Method,

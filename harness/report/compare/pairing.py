@@ -18,7 +18,7 @@ import numpy as np
 from harness.exceptions import RecordError
 from harness.metrics import stats, validity
 from harness.report import runset
-from harness.report.compare.model import (
+from harness.report.compare.comparison import (
     MISSING,
     TIME_UNITS,
     Basis,

@@ -12,16 +12,6 @@ from typing import Any
 
 from harness.report import pareto
 from harness.report.matrix import fmt_number
-from harness.report.recommend.model import (
-    EXIT_OK,
-    METHODS,
-    Candidate,
-    NotConsidered,
-    Recommendation,
-    WorkloadAdvice,
-    figure_name,
-    param_text,
-)
 from harness.report.recommend.ranking import (
     TIE,
     beaten,
@@ -32,6 +22,16 @@ from harness.report.recommend.ranking import (
     rate_difference,
     slower,
     why_missed,
+)
+from harness.report.recommend.verdicts import (
+    EXIT_OK,
+    METHODS,
+    Candidate,
+    NotConsidered,
+    Recommendation,
+    WorkloadAdvice,
+    figure_name,
+    param_text,
 )
 from harness.results import reading
 

@@ -12,7 +12,7 @@ from pydantic import model_validator
 from harness.exceptions import HarnessError
 from harness.metrics import stats
 from harness.metrics.stats import TestName
-from harness.results.model import Frozen
+from harness.results.frozen import Frozen
 
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_ALPHA = 0.05

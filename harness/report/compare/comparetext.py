@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.report.compare.model import Comparison, MetricComparison, within_run_only
+from harness.report.compare.comparison import Comparison, MetricComparison, within_run_only
 from harness.report.matrix import fmt_number
 from harness.results import reading
 
