@@ -8,6 +8,7 @@ Knows nothing of any engine, load, result or report: everything else imports it.
 
 from harness.engine.contract import (
     DEVICE_STAGES,
+    POOLING_KINDS,
     PRECISIONS,
     Arrays,
     Availability,
@@ -37,10 +38,13 @@ from harness.engine.contract import (
     is_fatal,
     reject_unknown_options,
 )
+from harness.engine.media import ImageInput
+from harness.engine.pooling import PoolingEngine, PoolingKind, PoolingRequest, PoolingResult
 from harness.exceptions import EngineError, EngineUnavailable, RequestError
 
 __all__ = [
     "DEVICE_STAGES",
+    "POOLING_KINDS",
     "PRECISIONS",
     "Arrays",
     "Availability",
@@ -58,8 +62,13 @@ __all__ = [
     "Family",
     "GenerationRequest",
     "GenerativeEngine",
+    "ImageInput",
     "JSONValue",
     "Message",
+    "PoolingEngine",
+    "PoolingKind",
+    "PoolingRequest",
+    "PoolingResult",
     "ReportsDeviceTimes",
     "RequestError",
     "RequestKind",

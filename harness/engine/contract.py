@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from harness.engine.media import ImageInput
 from harness.exceptions import EngineError, RequestError
 
 JSONValue = Any
@@ -96,6 +97,9 @@ class Availability:
             raise ValueError("an unavailable engine must say why")
 
 
+POOLING_KINDS = frozenset({"embed", "score", "rerank"})
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an engine can do, declared by the adapter class."""
@@ -109,6 +113,15 @@ class Capabilities:
     """The flag option (``"0"``/``"1"``) that turns the engine's prefix cache (KV-block
     reuse across requests) on, e.g. vLLM's ``enable_prefix_caching``; a workload that
     studies prefix caching sets it both ways. None: none the harness can turn on."""
+    modalities: frozenset[str] = frozenset()
+    """Media a generative request may carry besides text (``image``), as the engine takes
+    them: the OpenAI chat API's ``image_url`` parts, or its in-process multimodal input."""
+    lora: bool = False
+    """Whether a request may name a LoRA adapter (``GenerationRequest.lora``) that the
+    engine applies to it; the adapters are configured when the engine starts."""
+    pooling: frozenset[str] = frozenset()
+    """Pooling request kinds the engine serves (``embed``, ``score``, ``rerank``:
+    ``harness.engine.pooling``)."""
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -119,6 +132,12 @@ class Capabilities:
             raise ValueError("only generative engines have a prefix cache")
         if self.prefix_cache_option == "":
             raise ValueError("prefix_cache_option names an option, or is None")
+        generative_only = {"modalities": self.modalities, "lora": self.lora}
+        for key, value in generative_only.items():
+            if value and self.family is not Family.GENERATIVE:
+                raise ValueError(f"only generative engines declare {key}")
+        if unknown := self.pooling - POOLING_KINDS:
+            raise ValueError(f"pooling kinds {sorted(unknown)} are not in {sorted(POOLING_KINDS)}")
 
     def supports_device(self, device: str) -> bool:
         """``device`` is ``cpu``, ``cuda`` or ``cuda:N``; capability is per device kind."""
@@ -260,8 +279,16 @@ class GenerationRequest:
     request_id: str = ""
     temperature: float = 0.0
     messages: tuple[Message, ...] = ()
+    images: tuple[ImageInput, ...] = ()
+    """Images the request carries (a chat request's last user turn, as ``image_url``
+    parts over HTTP; the model's multimodal input in process)."""
+    lora: str = ""
+    """The LoRA adapter this request runs on, by the name it was configured under; empty:
+    the base model."""
 
     def __post_init__(self) -> None:
+        if self.images and not self.messages:
+            raise ValueError("a request with images is a chat request: give it messages")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if self.messages and self.prompt:
