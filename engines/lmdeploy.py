@@ -50,7 +50,7 @@ from harness.engine import (
     installed_version,
     is_fatal,
 )
-from harness.engine.options import OptionSchema, choice, flag, integer, number
+from harness.engine.optionschema import OptionSchema, choice, flag, integer, number
 
 MIN_VERSION = "0.16"
 """The first release with ``AsyncEngine.preprocess`` and a raised ``RequestError``."""

@@ -41,7 +41,7 @@ from harness.engine import (
     TensorSpec,
     check_inputs,
 )
-from harness.engine.options import OptionSchema, flag, integer, number
+from harness.engine.optionschema import OptionSchema, flag, integer, number
 
 SECONDS = ">= 0 seconds"
 OPTIONS = OptionSchema(
@@ -238,6 +238,7 @@ class NullGenerativeEngine(NullEngine):
         native_batching=frozenset({BatchingMode.CONTINUOUS}),
         streaming=True,
         prefix_cache_option="prefix_cache",
+        lora=True,  # any adapter a request names: it does no work either way
     )
 
     @classmethod

@@ -30,7 +30,7 @@ from harness.engine import (
     Family,
     TensorSpec,
 )
-from harness.engine.options import OptionSchema, choice, custom, flag, integer, text
+from harness.engine.optionschema import OptionSchema, choice, custom, flag, integer, text
 from harness.session.config import cache_root
 
 if TYPE_CHECKING:

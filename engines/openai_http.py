@@ -7,7 +7,8 @@ chat request to completions, or token ids to chat, is then an error saying so; a
 prompt sent to chat is one user message.
 
 A server needs nothing local: the model name sent is ``served_model`` or the first of
-the server's ``GET /v1/models``; the run's model path is used only to re-tokenize
+the server's ``GET /v1/models`` (a request on a LoRA adapter sends the adapter's name, as
+vLLM's server selects one); the run's model path is used only to re-tokenize
 replies on the client, when it is a local Hugging Face directory with a tokenizer and
 transformers is installed (otherwise it may be absent or any name: counts then rest on
 the server's usage alone). Nothing here imports torch.
@@ -54,6 +55,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from engines import openai_pooling, vllm_media, vllm_speculative
+from engines.openai_media import chat_messages
 from engines.openai_stream import (
     EventSplitter,
     RequestFailed,
@@ -63,8 +66,11 @@ from engines.openai_stream import (
     sse_events,
 )
 from engines.openai_wire import Origin, Pool, Response, head, post, send_now
-from engines.vllm_server import SERVER_DEFAULTS
+from engines.vllm_lora import check_modules, check_rank
+from engines.vllm_pooling import RUNNERS
+from engines.vllm_server import FEATURES, SERVER_DEFAULTS
 from harness.engine import (
+    POOLING_KINDS,
     Availability,
     BatchingMode,
     Capabilities,
@@ -74,9 +80,11 @@ from harness.engine import (
     Family,
     GenerationRequest,
     Message,
+    PoolingRequest,
+    PoolingResult,
     counter_totals,
 )
-from harness.engine.options import OptionSchema, choice, custom, flag, integer, number, text
+from harness.engine.optionschema import OptionSchema, choice, custom, flag, integer, number, text
 
 # the stream's parsing lives in engines/openai_stream.py; its names are this engine's API too
 __all__ = [
@@ -160,8 +168,31 @@ OPTIONS = OptionSchema(
         DIALECTS,
         default="vllm",
     ),
+    custom(
+        "lora_modules",
+        "the harness-started vLLM server's LoRA adapters (--lora-modules; --lora sets it);"
+        " a request names its adapter as the model",
+        check_modules,
+        "NAME=DIR[,NAME=DIR...]",
+    ),
+    custom("max_lora_rank", "the harness-started server's --max-lora-rank", check_rank, "8|16|..."),
+    vllm_media.SERVER_MODEL_IMPL,  # --model-impl of the harness-started server
+    choice(
+        "runner",
+        "the harness-started vLLM server's runner: generate, or pooling (--runner pooling:"
+        " /v1/embeddings, /v1/score, /v1/rerank; the pooling workloads set it)",
+        RUNNERS,
+        default="generate",
+    ),
+    custom(
+        "speculative",
+        "the harness-started vLLM server's speculative decoding (--speculative-config): off,"
+        " ngram[:K[:MAX[:MIN]]] or JSON",
+        vllm_speculative.check,
+        "off|ngram[:K[:MAX[:MIN]]]|JSON",
+    ),
 )
-SERVER_OPTIONS = (*SERVER_DEFAULTS, "server")
+SERVER_OPTIONS = (*SERVER_DEFAULTS, *FEATURES, "server")
 """Options that set the server the harness starts, not the client."""
 
 
@@ -200,6 +231,9 @@ class OpenAIEngine:
         devices=frozenset({"cpu", "cuda"}),
         native_batching=frozenset({BatchingMode.CONTINUOUS}),
         streaming=True,
+        lora=True,  # a request's adapter is the model it names (vLLM's --lora-modules)
+        modalities=frozenset({"image"}),  # image_url parts; the server decides if it takes them
+        pooling=POOLING_KINDS,  # /v1/embeddings, /v1/score, /v1/rerank: engines/openai_pooling.py
     )
 
     def __init__(self, config: EngineConfig) -> None:
@@ -377,7 +411,7 @@ class OpenAIEngine:
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.served_model,
+            "model": request.lora or self.served_model,  # an adapter is served as a model
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
             "stream": True,
@@ -393,7 +427,7 @@ class OpenAIEngine:
             body["ignore_eos"] = request.ignore_eos  # false: the reply ends at the EOS
         if self.endpoint(request) == "chat":
             messages = request.messages or (Message("user", str(request.prompt)),)
-            body["messages"] = [{"role": m.role, "content": m.content} for m in messages]
+            body["messages"] = chat_messages(messages, request.images)  # images: image_url parts
         elif isinstance(request.prompt, tuple):
             body["prompt"] = self._token_prompt(request.prompt)
         else:
@@ -473,6 +507,16 @@ class OpenAIEngine:
         stats = {"http_headers_s": headers_s}
         yield state.last_chunk(read, conn.t_read, retokenized=retokenized, client_stats=stats)
         self.saw_running_usage = state.running_usage
+
+    async def pool(self, request: PoolingRequest) -> PoolingResult:
+        """Embeddings, scores or reranking, one POST on the kept-alive connections."""
+        if not self._loaded:
+            raise EngineError("engine not loaded: call load() first")
+        if self.dialect == "transformers":
+            raise EngineError("transformers serve has no pooling API (/v1/embeddings)")
+        return await openai_pooling.call(
+            self._pool(), self._path, self.served_model, request, self.timeout
+        )
 
     async def aclose(self) -> None:
         self._close_pool()

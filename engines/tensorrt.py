@@ -65,7 +65,7 @@ from harness.engine import (
     check_inputs,
     installed_version,
 )
-from harness.engine.options import OptionSchema, choice, custom, flag, integer, text
+from harness.engine.optionschema import OptionSchema, choice, custom, flag, integer, text
 from harness.results.store import replace
 from harness.session.config import cache_root
 

@@ -45,7 +45,7 @@ from harness.engine import (
     GenerationRequest,
     installed_version,
 )
-from harness.engine.options import OptionSchema, choice, flag, integer, number
+from harness.engine.optionschema import OptionSchema, choice, flag, integer, number
 
 OPTIONS = OptionSchema(
     integer(

@@ -40,7 +40,7 @@ from harness.engine import (
     TensorSpec,
     check_inputs,
 )
-from harness.engine.options import OptionSchema, choice, integer
+from harness.engine.optionschema import OptionSchema, choice, integer
 
 if TYPE_CHECKING:
     import torch

@@ -48,7 +48,7 @@ from harness.engine import (
     RequestError,
     installed_version,
 )
-from harness.engine.options import OptionSchema, choice, flag, integer
+from harness.engine.optionschema import OptionSchema, choice, flag, integer
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION = ("auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3")

@@ -15,6 +15,10 @@ template's). A model without a chat template fails each chat request saying so.
 ``ignore_eos`` is passed through: without it the reply ends at the model's EOS.
 ``metrics_text`` serves the Prometheus metrics vLLM's stat logger keeps in this process,
 the same ones its OpenAI server's /metrics serves.
+
+LoRA adapters (``lora_modules``, engines/vllm_lora.py): a request that names one
+(``GenerationRequest.lora``) goes with its ``LoRARequest``. Speculative decoding
+(``speculative``, engines/vllm_speculative.py) is off unless asked for.
 """
 
 from __future__ import annotations
@@ -25,9 +29,13 @@ import os
 from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any, ClassVar
 
+from engines import vllm_media, vllm_speculative
 from engines.llmstream import chat_prompt_ids, delta_chunk, torch_dtype_precision
+from engines.vllm_lora import LoraSet, check_modules, check_rank
+from engines.vllm_pooling import RUNNERS, VllmPooler, pooling_args
 from engines.vllm_server import LOOPBACK_ENV, POLLER_NICENESS, deprioritize_pollers, split_cpus
 from harness.engine import (
+    POOLING_KINDS,
     Availability,
     BatchingMode,
     Capabilities,
@@ -36,10 +44,12 @@ from harness.engine import (
     EngineError,
     Family,
     GenerationRequest,
+    PoolingRequest,
+    PoolingResult,
     counter_totals,
     installed_version,
 )
-from harness.engine.options import OptionSchema, choice, flag, integer
+from harness.engine.optionschema import OptionSchema, choice, custom, flag, integer
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 OPTIONS = OptionSchema(
@@ -60,6 +70,30 @@ OPTIONS = OptionSchema(
     integer("kv_cache_space_gib", "CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)", default="1"),
     choice("dtype", "weights and compute dtype", DTYPES, default="auto"),
     integer("seed", "engine sampling seed", default="0", low=0),
+    vllm_media.MODEL_IMPL,
+    choice(
+        "runner",
+        "generate, or pooling: embeddings, score and rerank (vLLM's --runner pooling; a"
+        " generative checkpoint is converted to an embedding model)",
+        RUNNERS,
+        default="generate",
+    ),
+    custom(
+        "lora_modules",
+        "LoRA adapters served, NAME=DIR,... (a request names one: GenerationRequest.lora;"
+        " --lora sets it)",
+        check_modules,
+        "NAME=DIR[,NAME=DIR...]",
+    ),
+    custom("max_lora_rank", "largest LoRA rank served", check_rank, "1|8|16|32|...", default="16"),
+    custom(
+        "speculative",
+        "speculative decoding: off, ngram[:K[:MAX[:MIN]]] (prompt lookup, no draft model)"
+        " or vLLM's speculative config as JSON",
+        vllm_speculative.check,
+        "off|ngram[:K[:MAX[:MIN]]]|JSON",
+        default="off",
+    ),
 )
 DEFAULTS = OPTIONS.defaults()
 
@@ -84,13 +118,18 @@ class VllmEngine:
         native_batching=frozenset({BatchingMode.CONTINUOUS}),
         streaming=True,
         prefix_cache_option="enable_prefix_caching",
+        modalities=frozenset({"image"}),  # a VLM's images as multi_modal_data (vllm_media)
+        lora=True,
+        pooling=POOLING_KINDS,  # with runner=pooling (engines/vllm_pooling.py)
     )
 
     def __init__(self, config: EngineConfig) -> None:
         self.validate_options(config.options)
         self.config = config
         self.options = {**DEFAULTS, **config.options}
+        self.loras = LoraSet.from_options(self.options)
         self._llm: Any = None
+        self._pooler: VllmPooler | None = None
         self._tokenizer: Any = None
         self._n = 0
         self._reniced: list[int] = []
@@ -150,7 +189,10 @@ class VllmEngine:
         eager = self.enforce_eager()
         if eager is not None:
             args["enforce_eager"] = eager
-        return args
+        if self.loras is not None:
+            args |= self.loras.engine_args()
+        args |= vllm_media.engine_args(o)  # model_impl, where one is chosen
+        return args | vllm_speculative.engine_args(o) | pooling_args(o)
 
     def load(self) -> None:
         if self.config.device == "cpu":
@@ -199,6 +241,9 @@ class VllmEngine:
                 "cudagraph_mode": _name(getattr(cfg.compilation_config, "cudagraph_mode", None)),
                 "compilation_mode": _name(getattr(cfg.compilation_config, "mode", None)),
                 "kv_cache_space_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+                "runner": getattr(cfg.model_config, "runner_type", None),
+                "lora": _lora_info(getattr(cfg, "lora_config", None)),
+                "speculative": _spec_info(getattr(cfg, "speculative_config", None)),
                 "host_ip": os.environ.get("VLLM_HOST_IP"),
                 "workers_reniced_to": POLLER_NICENESS if self._reniced else None,
                 "cores": {"client": sorted(self._split[0]), "engine": sorted(self._split[1])}
@@ -221,7 +266,9 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
         prompt: Any
-        if request.kind == "chat":
+        if request.images:  # the chat template's image parts, and the decoded images
+            prompt = await vllm_media.prompt(await self.tokenizer(), request, self.config.model)
+        elif request.kind == "chat":
             ids = chat_prompt_ids(await self.tokenizer(), request.messages, self.config.model)
             prompt = TokensPrompt(prompt_token_ids=ids)
         elif isinstance(request.prompt, tuple):
@@ -230,7 +277,8 @@ class VllmEngine:
             prompt = request.prompt  # vLLM tokenizes it, special tokens included
         self._n += 1
         request_id = request.request_id or f"harness-{self._n}"
-        async for out in self._llm.generate(prompt, params, request_id=request_id):
+        lora = self._lora(request)
+        async for out in self._llm.generate(prompt, params, request_id=request_id, **lora):
             completion = out.outputs[0]
             yield delta_chunk(  # RequestOutputKind.DELTA: the step's new ids and text
                 completion.token_ids,
@@ -239,6 +287,25 @@ class VllmEngine:
                 finish_reason=completion.finish_reason,
                 engine_stats=_stats(out.metrics) if out.finished else None,
             )
+
+    def _lora(self, request: GenerationRequest) -> dict[str, Any]:
+        """``lora_request`` for a request that names an adapter (none for the base model)."""
+        if not request.lora:
+            return {}
+        if self.loras is None:
+            raise EngineError(f"adapter {request.lora!r} asked for, but lora_modules names none")
+        try:
+            return {"lora_request": self.loras.request(request.lora)}
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+
+    async def pool(self, request: PoolingRequest) -> PoolingResult:
+        """Embeddings, scores or reranking on a ``runner=pooling`` engine."""
+        if self._llm is None:
+            raise EngineError("engine not loaded: call load() first")
+        if self._pooler is None or self._pooler.llm is not self._llm:
+            self._pooler = VllmPooler(self._llm)
+        return await self._pooler.pool(request)
 
     def counters(self) -> dict[str, float]:
         """The registry's counters and histogram sums/counts, as a vLLM server's /metrics
@@ -280,6 +347,21 @@ class VllmEngine:
 def _name(value: Any) -> str | None:
     """An enum member's name (``FULL_AND_PIECEWISE``), for a JSON-friendly describe()."""
     return None if value is None else str(getattr(value, "name", value))
+
+
+def _lora_info(config: Any) -> dict[str, Any] | None:
+    """The LoRA set vLLM resolved (None: LoRA off)."""
+    if config is None:
+        return None
+    return {"max_lora_rank": config.max_lora_rank, "max_loras": config.max_loras}
+
+
+def _spec_info(config: Any) -> dict[str, Any] | None:
+    """The speculative decoding vLLM resolved (None: off)."""
+    if config is None:
+        return None
+    fields = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+    return {f: getattr(config, f, None) for f in fields}
 
 
 def _stats(metrics: Any) -> dict[str, float] | None:

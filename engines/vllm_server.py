@@ -17,7 +17,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from engines import vllm_media, vllm_speculative
 from engines.localserver import Server, free_port, last_error, local_server, split_cpus
+from engines.vllm_lora import LoraSet
 from harness.engine import installed_version
 
 __all__ = ["Server", "last_error", "split_cpus", "vllm_server"]
@@ -40,13 +42,29 @@ SERVER_DEFAULTS = {"max_num_seqs": "16", "max_num_batched_tokens": "2048"}
 the values the harness starts it with otherwise."""
 
 
+FEATURES = ("lora_modules", "max_lora_rank", "speculative", "runner", "model_impl")
+"""Server settings that turn a feature on (LoRA adapters, speculative decoding, the pooling
+runner), off when absent: engines/vllm_lora.py and engines/vllm_speculative.py make their
+flags; ``runner=pooling`` is ``--runner pooling`` (/v1/embeddings, /v1/score, /v1/rerank)."""
+
+
 def setting_flags(settings: Mapping[str, str]) -> list[str]:
     """``{"max_num_seqs": "4"}`` -> ``["--max-num-seqs", "4", ...]``, defaults filled in."""
-    unknown = sorted(set(settings) - set(SERVER_DEFAULTS))
+    unknown = sorted(set(settings) - set(SERVER_DEFAULTS) - set(FEATURES))
     if unknown:
         raise ValueError(f"not a server setting the harness sets: {', '.join(unknown)}")
-    chosen = {**SERVER_DEFAULTS, **settings}
-    return [part for k, v in chosen.items() for part in ("--" + k.replace("_", "-"), v)]
+    chosen = {**SERVER_DEFAULTS, **{k: v for k, v in settings.items() if k in SERVER_DEFAULTS}}
+    flags = [part for k, v in chosen.items() for part in ("--" + k.replace("_", "-"), v)]
+    return flags + feature_flags(settings)
+
+
+def feature_flags(settings: Mapping[str, str]) -> list[str]:
+    """The flags of ``FEATURES`` set in ``settings`` (none: every feature off)."""
+    loras = LoraSet.from_options(settings)
+    flags = loras.server_flags() if loras is not None else []
+    flags += ["--runner", "pooling"] if settings.get("runner") == "pooling" else []
+    flags += vllm_media.server_flags(settings)  # --model-impl, where one is chosen
+    return flags + vllm_speculative.server_flags(settings.get("speculative", "off"))
 
 
 def command(

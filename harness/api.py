@@ -11,7 +11,10 @@ the modules behind these names are the harness's own business and may move.
   ``settings_of``, ``OpenEngine``, ``merge_options``, ``cache_root``, and ``announce``
   (a line for the user's terminal from wherever the cell runs);
 * load: clocks, arrival schedules, the serving loop and batching policies, the streaming
-  driver, capacity search and sweeps, client processes (local and on Ray);
+  driver, capacity search and sweeps (with their over-saturation early stop), client
+  processes (local and on Ray), a request mix over LoRA adapters (``adapters``);
+* pooling (embeddings, scores, reranking): the contract's ``PoolingRequest`` and
+  ``PoolingResult``, the ``PoolDriver`` and ``summarize_pooling``;
 * summaries and statistics: ``summarize_trace``, ``summarize_stream``, ``stats``,
   ``Evidence`` / ``judge``, ``SlowLog``, ``Telemetry``, and a
   server's own metrics over a cell (``servermetrics``, for an ``ExposesMetricsText``
@@ -36,7 +39,11 @@ from harness.engine import (
     Family,
     GenerationRequest,
     GenerativeEngine,
+    ImageInput,
     Message,
+    PoolingEngine,
+    PoolingRequest,
+    PoolingResult,
     RequestKind,
     TensorEngine,
     TensorSpec,
@@ -45,7 +52,7 @@ from harness.engine import (
     registry,
 )
 from harness.exceptions import UsageError
-from harness.load import noopserver
+from harness.load import adapters, noopserver
 from harness.load.arrivals import Arrivals, OpenLoop, RateShape, Schedule, ShapedLoad
 from harness.load.capacity import (
     CapacityResult,
@@ -69,6 +76,8 @@ from harness.load.clients import (
 )
 from harness.load.clock import Clock, MonotonicClock, gc_paused
 from harness.load.localclients import LocalProcesses
+from harness.load.pooldriver import POOLED_LATENCIES, PoolDriver, PoolTrace, summarize_pooling
+from harness.load.saturation import EarlyStop, EarlyStopRule, Watch
 from harness.load.serve_summary import SERVED_LATENCIES, summarize_trace
 from harness.load.serving import (
     BatchPolicy,
@@ -81,6 +90,7 @@ from harness.load.sessions import Session, Turn, active_sessions, run_sessions
 from harness.load.sessions import durations as session_durations
 from harness.load.stream_summary import summarize_stream
 from harness.load.streamdriver import Driver
+from harness.load.streamstop import NO_EARLY_STOP_CLIENTS, open_loop_watched, with_early_stop
 from harness.metrics import servermetrics, stats
 from harness.metrics.slo import SLO, parse_slos, slo_verdicts, slos_on
 from harness.metrics.slowlog import SlowLog
@@ -120,6 +130,8 @@ __all__ = [
     "AUTO_CLIENTS",
     "DRIFTED",
     "IMAGE_SUFFIXES",
+    "NO_EARLY_STOP_CLIENTS",
+    "POOLED_LATENCIES",
     "SERVED_LATENCIES",
     "SLO",
     "STREAM_LATENCIES",
@@ -134,6 +146,8 @@ __all__ = [
     "Deadlines",
     "Driver",
     "DynamicBatching",
+    "EarlyStop",
+    "EarlyStopRule",
     "EngineConfig",
     "EngineError",
     "Evidence",
@@ -144,6 +158,7 @@ __all__ = [
     "GenerativeEngine",
     "Headline",
     "HistogramPlot",
+    "ImageInput",
     "KneeRule",
     "Latency",
     "Launcher",
@@ -161,6 +176,11 @@ __all__ = [
     "Point",
     "Policy",
     "PolicyCurvePlot",
+    "PoolDriver",
+    "PoolTrace",
+    "PoolingEngine",
+    "PoolingRequest",
+    "PoolingResult",
     "ProfileName",
     "Rate",
     "RateShape",
@@ -188,7 +208,9 @@ __all__ = [
     "Turn",
     "UsageError",
     "Verdict",
+    "Watch",
     "active_sessions",
+    "adapters",
     "announce",
     "cache_root",
     "capacity_search",
@@ -199,6 +221,7 @@ __all__ = [
     "judge",
     "merge_options",
     "noopserver",
+    "open_loop_watched",
     "parse_slos",
     "registry",
     "run_sessions",
@@ -210,7 +233,9 @@ __all__ = [
     "slo_verdicts",
     "slos_on",
     "stats",
+    "summarize_pooling",
     "summarize_stream",
     "summarize_trace",
     "sweep",
+    "with_early_stop",
 ]

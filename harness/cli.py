@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.engine import Availability, options, registry
+from harness.engine import Availability, optionschema, registry
 from harness.exceptions import RecordError
 from harness.metrics.slo import parse_slos
 from harness.report import compare, decision, htmlpage, matrix, matrixterm, recommend, runset
@@ -50,7 +50,7 @@ def _options_table(names: list[str]) -> Table:
         table.add_column(col)
     for name in names:
         try:
-            schema = options.schema_of(registry.load(name))
+            schema = optionschema.schema_of(registry.load(name))
         except ImportError:  # the table above already says the adapter is broken
             continue
         for row in schema.help_rows() if schema else ():

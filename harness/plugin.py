@@ -25,15 +25,15 @@ from harness.report import matrix
 from harness.results import store
 from harness.results.records import Status
 from harness.results.redact import redact_text
-from harness.session import benchbridge, failtext, keywords, neighbours, progress, summary
+from harness.session import benchbridge, failtext, keywords, liveprogress, neighbours, summary
 from harness.session.cell import Cell
 from harness.session.config import RunSettings, check_writable_dir
 from harness.session.execution import Dist, Isolation
 from harness.session.opening import merge_options, start_info
-from harness.session.options import OPTION_NAMES, add_options, check_rootdir, settings_from
 from harness.session.outcome import run_exit
 from harness.session.passes import run_isolated
 from harness.session.pool import EnginePool, NewEngineInstance
+from harness.session.pytestoptions import OPTION_NAMES, add_options, check_rootdir, settings_from
 from harness.session.resume import Resume, resumable, select_for_resume
 from harness.session.slocheck import SloCheck
 from harness.session.state import (
@@ -116,7 +116,7 @@ def _configure(config: pytest.Config) -> None:
     settings = settings_from(config)
     keywords.accept_cell_id_spelling(config)
     config.stash[SETTINGS] = settings
-    progress.register(config, settings, lambda: config.stash.get(RUN, None))
+    liveprogress.register(config, settings, lambda: config.stash.get(RUN, None))
     spec_path = config.getoption("harness_worker")
     if spec_path:
         become_worker()

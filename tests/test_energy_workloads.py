@@ -60,6 +60,12 @@ NOT_RUN = {
     "generative_shape": "20 s on null-gen; summarize_stream's window",
     # null-gen has no precision_options: tests/test_vllm_precision.py runs it on vLLM
     "precision_generative": "needs an engine with precision_options (vLLM)",
+    # no engine here serves pooling without vLLM; its span is summarize_trace's, as batching's
+    "embeddings": "needs an engine that serves pooling (vLLM, an OpenAI pooling server)",
+    # null-gen takes no images and has no speculative option; both stream through
+    # summarize_stream, whose window the streaming cell above checks
+    "multimodal": "needs an engine that takes images (vLLM, an OpenAI server with a VLM)",
+    "speculative": "needs an engine with a speculative option (vLLM)",
 }
 
 

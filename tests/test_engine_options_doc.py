@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.engine import registry
-from harness.engine.options import markdown_table, schema_of
+from harness.engine.optionschema import markdown_table, schema_of
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "engines.md"
 SECTION = re.compile(

@@ -116,6 +116,20 @@ def test_no_harness_module_is_longer_than_it_can_be_read(module):
     assert lines <= MAX_LINES, f"{MODULES[module]}: {lines} lines"
 
 
+# names a package gives its parts by convention, or that pytest looks for
+SHARED_NAMES = {"__init__", "conftest"}
+
+
+def test_no_two_modules_share_a_name():
+    """``progress`` twice or ``model`` three times makes a reader open the wrong one: a
+    module's own name says what it holds, wherever it lives."""
+    by_name: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if path.stem not in SHARED_NAMES:
+            by_name.setdefault(path.stem, []).append(module)
+    assert {name: sorted(ms) for name, ms in by_name.items() if len(ms) > 1} == {}
+
+
 CONTROL_FLOW = {"NewEngineInstance", "Terminated"}  # signals, not errors
 
 

@@ -4,7 +4,7 @@ message, defaults and the help table; and every registered adapter's own schema.
 import pytest
 
 from harness.engine import registry
-from harness.engine.options import (
+from harness.engine.optionschema import (
     NO_DEFAULT,
     Kind,
     Option,

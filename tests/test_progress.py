@@ -27,10 +27,10 @@ from rich.console import Console
 
 from harness.exceptions import UsageError
 from harness.load.clock import MonotonicClock
-from harness.load.progress import LIVE, LoadCounter, LoadSnapshot
+from harness.load.livecounters import LIVE, LoadCounter, LoadSnapshot
 from harness.load.serving import NoBatching, serve_open_loop
 from harness.load.streamdriver import Driver
-from harness.session.progress import ProgressView, WorkerSampler
+from harness.session.liveprogress import ProgressView, WorkerSampler
 from harness.session.progressview import (
     CellView,
     Mode,

@@ -45,10 +45,12 @@ CELLS = {
     "test_batching": "rate100-none-b1 or rate100-dynamic-b8",
     "test_continuous_batching": "onnxruntime-continuous-seqs4",
     "test_dataset": "closed-1",
+    "test_embeddings": "embed-1-input-closed-1",  # skips: onnxruntime serves no pooling
     "test_rate_sweep": "",
     "test_capacity": "onnxruntime-none",
     "test_soak": "",
     "test_load_shape": "burst",
+    "test_multimodal": "closed-1-1img-224",  # skips: onnxruntime takes no images
     "test_generative_users_sweep": "",
     "test_generative_capacity": "",
     "test_generative_soak": "",
@@ -60,6 +62,7 @@ CELLS = {
     "test_sessions": "off",
     "test_shared_prefix": "off",
     "test_shapes": "tiny-encoder-dynamic",
+    "test_speculative": "off",  # skips: onnxruntime is not generative
     "test_streaming": "closed-1",
     "test_trace": "",
 }

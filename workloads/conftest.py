@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -93,7 +95,8 @@ class Endpoint:
             os.sched_setaffinity(0, self.client_cpus)
 
 
-ServerKey = tuple[str, bool, tuple[tuple[str, str], ...]]
+ServerKey = tuple[str, bool, tuple[tuple[str, str], ...], str]
+"""Server kind, prefix caching, settings, and the model served ('': the run's)."""
 SERVER_NAMES = {"vllm": "the vLLM server", "transformers": "transformers serve"}
 
 
@@ -123,11 +126,14 @@ class Servers:
         settings: Mapping[str, str] | None = None,
         before_start: Callable[[], None] = lambda: None,
         server: str = "vllm",
+        model: Path | None = None,
     ) -> tuple[Endpoint, bool]:
         """The server for these settings, and whether this call started it.
         ``before_start``: called before another server than the running one is started
-        (the engine pool's ``before_new_instance``)."""
-        key: ServerKey = (server, prefix_caching, tuple(sorted((settings or {}).items())))
+        (the engine pool's ``before_new_instance``); ``model``: the one the cell opens
+        (the multimodal workload's VLM; None: the run's)."""
+        chosen = tuple(sorted((settings or {}).items()))
+        key: ServerKey = (server, prefix_caching, chosen, str(model or ""))
         if self.current is not None and self.current[0] == key:
             return self.current[1], False
         if key in self.failed:
@@ -147,13 +153,15 @@ class Servers:
     def _start(self, key: ServerKey) -> Endpoint:
         from engines.localserver import split_cpus  # noqa: PLC0415
 
-        kind, prefix_caching, chosen = key
+        kind, prefix_caching, chosen, model = key
         split = split_cpus()
         parts = [kind, "prefix" if prefix_caching else "plain", *(f"{k}{v}" for k, v in chosen)]
-        log = self.logs / f"server-{'-'.join(parts)}.log"
+        log = self.logs / _log_name(parts)
         cpus = split[1] if split else None
         began = time.perf_counter()
-        server = self.stack.enter_context(self._server(kind, prefix_caching, chosen, log, cpus))
+        served = Path(model) if model else model_dir(self.settings)
+        opened = self._server(kind, prefix_caching, chosen, log, cpus=cpus, model=served)
+        server = self.stack.enter_context(opened)
         took = time.perf_counter() - began
         return Endpoint(server.base_url, split[0] if split else None, took, chosen, kind)
 
@@ -163,9 +171,10 @@ class Servers:
         prefix_caching: bool,
         chosen: tuple[tuple[str, str], ...],
         log: Path,
+        *,
         cpus: frozenset[int] | None,
+        model: Path,
     ) -> contextlib.AbstractContextManager[Any]:
-        model = model_dir(self.settings)
         if kind == "transformers":
             from engines.transformers_server import transformers_server  # noqa: PLC0415
 
@@ -182,6 +191,14 @@ class Servers:
         self.current = None
         self.stack.close()
         os.sched_setaffinity(0, self.before)
+
+
+def _log_name(parts: list[str]) -> str:
+    """A server log's file name from its settings (adapter paths and JSON made safe)."""
+    name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(parts))
+    if len(name) > 100:  # long paths: a digest keeps names of different settings apart
+        name = f"{name[:80]}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+    return f"server-{name}.log"
 
 
 @pytest.fixture(scope="session")

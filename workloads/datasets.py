@@ -51,7 +51,8 @@ from typing import Any, Literal, get_args
 import numpy as np
 import numpy.typing as npt
 
-from harness.api import GenerationRequest, Message, UsageError
+from harness.api import GenerationRequest, ImageInput, Message, UsageError
+from workloads import dataset_images
 
 OutputMode = Literal["fixed", "reference", "natural"]
 LengthUnit = Literal["tokens", "words"]
@@ -119,6 +120,7 @@ class Entry:
     reference_output_tokens: int | None  # its length in the dataset's length_unit
     plain: bool  # a plain prompt in the file: sent as text unless chat is forced
     input_tokens: int | None = None  # prompt_text's length in the dataset's length_unit
+    images: tuple[ImageInput, ...] = ()  # sent with the last user turn (dataset_images)
 
     @property
     def prompt_text(self) -> str:
@@ -398,6 +400,7 @@ def _entry(row: object, measure: Measure) -> Entry:
     if out_tokens is None and reference is not None:
         out_tokens = measure(reference)
     entry = Entry(tuple(Message(r, c) for r, c in history), reference, out_tokens, plain)
+    entry = dataclasses.replace(entry, images=dataset_images.images_of(row))
     return dataclasses.replace(entry, input_tokens=measure(entry.prompt_text))
 
 
@@ -441,6 +444,7 @@ def load_dataset(
         rows = _sharegpt_rows(path, data)
     else:
         rows = _jsonl_rows(data)
+    rows = dataset_images.extract(rows, path, fmt)  # image references: read and checked
     limit = max_input_tokens if count_tokens is not None else None
     entries, rejected = _collect(rows, count_tokens or _words, limit)
     if not entries:
@@ -689,7 +693,7 @@ def to_requests(
     requests = []
     for i, entry in enumerate(entries):
         max_tokens, ignore_eos = _budget(entry, mode, fixed_output, cap)
-        as_chat = not entry.plain if chat is None else chat
+        as_chat = not entry.plain or bool(entry.images) if chat is None else chat
         requests.append(
             GenerationRequest(
                 prompt="" if as_chat else entry.prompt_text,
@@ -697,6 +701,7 @@ def to_requests(
                 ignore_eos=ignore_eos,
                 request_id=f"{id_prefix}{seed}-{i}",
                 messages=entry.messages if as_chat else (),
+                images=entry.images,
             )
         )
     return requests

@@ -20,11 +20,13 @@ import pytest
 from engines import transformers_server, vllm_server
 from harness.api import (
     AUTO_CLIENTS,
+    NO_EARLY_STOP_CLIENTS,
     Cell,
     ClientsOn,
     ClosedShare,
     Deadlines,
     Driver,
+    EarlyStop,
     EngineConfig,
     EngineError,
     ExposesCounters,
@@ -44,14 +46,17 @@ from harness.api import (
     Share,
     SharedLoad,
     SlowLog,
+    Watch,
+    adapters,
     counter_delta,
     merge_options,
+    open_loop_watched,
     registry,
     run_shared,
     servermetrics,
     summarize_stream,
 )
-from workloads import clientceiling
+from workloads import clientceiling, features
 from workloads.inputs import lengths
 
 NO_LOCAL_MODEL = Path(os.devnull)
@@ -135,9 +140,10 @@ def _open(
     if prefix_caching is not None:
         opts |= prefix_cache_setting(cell.engine, settings, on=prefix_caching)
     user = settings.options_for(cell.engine, cell.params)
+    opts |= features.lora_options(cell.engine, settings, user, {**opts, **user})
     merged = merge_options(cell, settings, opts)  # skips a cell whose options the user fixed
     if cell.engine == "openai" and "base_url" not in user:
-        endpoint, started = _served(request, merged, prefix_caching)
+        endpoint, started = _served(request, merged, prefix_caching, model)
         opts["base_url"] = merged["base_url"] = endpoint.base_url
     engine = open_engine(model, options=opts, shared=True)
     describe_embedded(cell, model)
@@ -177,7 +183,10 @@ def server_missing(server: str) -> str | None:
 
 
 def _served(
-    request: pytest.FixtureRequest, merged: dict[str, str], prefix_caching: bool | None
+    request: pytest.FixtureRequest,
+    merged: dict[str, str],
+    prefix_caching: bool | None,
+    model: Path | None = None,
 ) -> tuple[Any, bool]:
     """The harness-started server a cell asks for (``openai.server``), and whether it was
     started for it; skips (saying why) where it cannot be had here."""
@@ -190,11 +199,14 @@ def _served(
     servers = request.getfixturevalue("openai_servers")  # workloads/conftest.py
     # defaults filled in: a cell that names a default shares the server of one that does not
     chosen = {k: merged.get(k, v) for k, v in SERVER_SETTINGS[kind].items()}
+    if kind == "vllm":  # LoRA adapters, speculative decoding: set only where asked for
+        chosen |= {k: merged[k] for k in vllm_server.FEATURES if k in merged}
     return servers.endpoint(  # type: ignore[no-any-return]
         prefix_caching=bool(prefix_caching),
         settings=chosen,
         before_start=request.getfixturevalue("engine_pool").before_new_instance,
         server=kind,
+        model=model,  # what the cell opens (the multimodal workload: its VLM)
     )
 
 
@@ -260,12 +272,18 @@ class Sent:
     clients: dict[str, Any] | None = None
     ceiling: dict[str, Any] | None = None
     """What one client process sustains here, and how this cell's load compared."""
+    lora: dict[str, Any] | None = None
+    """The figures per LoRA adapter (``--lora``: ``adapters.by_adapter``)."""
+    early_stop: EarlyStop | None = None
+    early_stop_off: str | None = None
+    """A search's early stop: what stopped the point, or why it could not (clients)."""
 
     @property
     def extra(self) -> dict[str, Any]:
-        """For the cell's metrics: the clients, their request counts and lag p99s, and
-        the client ceiling the cell was sized or checked against."""
+        """For the cell's metrics: the clients, their request counts and lag p99s, the
+        client ceiling the cell was sized or checked against, the figures per adapter."""
         out: dict[str, Any] = {} if self.clients is None else {"clients": self.clients}
+        out |= {"lora": self.lora} if self.lora else {}
         return out | ({"client_ceiling": self.ceiling} if self.ceiling else {})
 
 
@@ -304,7 +322,10 @@ class LoadSource:
 
     def warm_up(self, requests: Sequence[GenerationRequest], users: int) -> None:
         """Here, at once; with client processes, each client before the start barrier
-        (``--clients auto``: once the cell's load has said how many there are)."""
+        (``--clients auto``: once the cell's load has said how many there are). With
+        ``--lora``, round the adapters: each is loaded before the window."""
+        mix = self.settings.lora
+        requests = mix.cycle(requests) if mix else requests
         if self.clients > 1 or self.auto:
             self._warmup, self._warm_users = tuple(requests), users
         else:
@@ -316,15 +337,32 @@ class LoadSource:
             self._warmup = ()
 
     def open_loop(
-        self, requests: Sequence[GenerationRequest], offsets: npt.NDArray[np.float64]
+        self,
+        requests: Sequence[GenerationRequest],
+        offsets: npt.NDArray[np.float64],
+        watch: Watch | None = None,
     ) -> Sent:
+        """``watch``: a search's early stop, in this process only (harness.load.streamstop)."""
         ceiling = self._size_for(offsets)
         self._warm_here()
+        requests = self._on_adapters(requests)
         if self.clients == 1:
-            return Sent(self.aio.run(self.driver.open_loop(requests, offsets)), ceiling=ceiling)
+            run = self.aio.run(open_loop_watched(self.driver, requests, offsets, watch))
+            sent = Sent(run.records, ceiling=ceiling, early_stop=run.early_stop)
+            return self._split(sent, run.ran(requests))
         last = float(offsets[-1]) if offsets.size else 0.0
         sent = self._shared(requests, OpenShare(tuple(offsets.tolist())), last)
-        return replace(sent, ceiling=ceiling)
+        off = NO_EARLY_STOP_CLIENTS if watch else None
+        return self._split(replace(sent, ceiling=ceiling, early_stop_off=off), requests)
+
+    def _on_adapters(self, requests: Sequence[GenerationRequest]) -> Sequence[GenerationRequest]:
+        mix = self.settings.lora
+        return mix.assign(requests, self.settings.seed) if mix else requests
+
+    def _split(self, sent: Sent, requests: Sequence[GenerationRequest]) -> Sent:
+        """Record i ran request i (the driver's order): the figures per adapter."""
+        mix = self.settings.lora
+        return replace(sent, lora=adapters.by_adapter(mix, requests, sent.records)) if mix else sent
 
     def at_level(
         self, load: str, level: float, requests: Sequence[GenerationRequest], seed: int
@@ -366,11 +404,12 @@ class LoadSource:
         min_requests: int = 0,
     ) -> Sent:
         self._warm_here()
+        requests = self._on_adapters(requests)
         if self.clients == 1:
             run = self.driver.closed_loop(requests, users, min_duration_s, min_requests)
-            return Sent(self.aio.run(run))
+            return self._split(Sent(self.aio.run(run)), requests)
         share = ClosedShare(users, min_duration_s, min_requests)
-        return self._shared(requests, share, None)
+        return self._split(self._shared(requests, share, None), requests)
 
     def _shared(
         self, requests: Sequence[GenerationRequest], share: Share, last_send_s: float | None
@@ -402,9 +441,13 @@ def load_source(
     aio: asyncio.Runner,
     *,
     prefix_caching: bool | None = None,
+    options: dict[str, str] | None = None,
 ) -> tuple[GenerativeEngine, LoadSource]:
-    """The cell's engine (here: describe(), counters) and where its load comes from."""
-    engine, config = _open(request, open_engine, cell, model, prefix_caching=prefix_caching)
+    """The cell's engine (here: describe(), counters) and where its load comes from;
+    ``options``: engine settings the workload studies (``features.speculative_setting``)."""
+    engine, config = _open(
+        request, open_engine, cell, model, options, prefix_caching=prefix_caching
+    )
     settings: RunSettings = request.getfixturevalue("harness_settings")
     driver = Driver(engine, MonotonicClock(), settings.reliability.request_timeout_s)
     return engine, LoadSource(driver, aio, settings, cell.engine, config, launcher_for(settings))
@@ -440,6 +483,7 @@ ENGINE_COUNTERS = (
     "vllm:prefix_cache_hits",
     "vllm:gpu_prefix_cache_queries",
     "vllm:gpu_prefix_cache_hits",
+    "vllm:spec_decode_",  # speculative decoding: drafts, tokens proposed and accepted
 )
 
 
@@ -509,6 +553,8 @@ def finish(
     ``server`` (``watch_server``): the server's own view, as ``metrics.server``, its
     state in each slow request, and a warning where the client's latency exceeds it."""
     summary = summarize_stream(records, settings.slos, offered_rate)
+    extra, by_request = adapters.lift_samples(extra or {})  # --lora: each request's adapter
+    headline = (*headline, *features.lora_headlines(extra))
     warned = ((extra or {}).get("client_ceiling") or {}).get("warning")
     evidence = summary.evidence
     if warned:
@@ -520,7 +566,7 @@ def finish(
         metrics=summary.metrics | (extra or {}) | ({"server": seen.metrics} if seen else {}),
         evidence=evidence,
         headline=headline,
-        samples=summary.samples | (samples or {}),
+        samples=summary.samples | (samples or {}) | by_request,
         window={"duration_s": summary.evidence.window_s, "requests": len(records)},
         seeds={"requests": seed, "model": settings.seed},
         slow=seen.slow if seen is not None else summary.slow,

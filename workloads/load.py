@@ -23,6 +23,8 @@ from harness.api import (
     CapacityResult,
     Cell,
     Clock,
+    EarlyStop,
+    EarlyStopRule,
     EngineError,
     Evidence,
     Headline,
@@ -38,12 +40,14 @@ from harness.api import (
     Telemetry,
     TensorEngine,
     Verdict,
+    Watch,
     device_spans,
     judge,
     serve_open_loop,
     stats,
     summarize_stream,
     summarize_trace,
+    with_early_stop,
 )
 from workloads import inputs
 from workloads.generative import LoadSource, Sent, make_requests
@@ -73,6 +77,7 @@ class Served:
     t_sched: Array  # seconds from the schedule's start, every request
     latency: Array  # e2e seconds, inf for a failed request
     start: float  # absolute clock time of the schedule's start
+    early_stop: EarlyStop | None = None
 
 
 def slo_failures(metrics: Mapping[str, Any]) -> tuple[str, ...]:
@@ -119,7 +124,9 @@ class Summarized(Protocol):
     def slow(self) -> SlowLog | None: ...
 
 
-def measured(load: float, run: Summarized, settings: RunSettings) -> Measured:
+def measured(
+    load: float, run: Summarized, settings: RunSettings, early_stop: EarlyStop | None = None
+) -> Measured:
     metrics, evidence = run.metrics, run.evidence
     offered = evidence.offered_rate
     validity = judge(evidence, settings.profile.policy)
@@ -134,6 +141,7 @@ def measured(load: float, run: Summarized, settings: RunSettings) -> Measured:
         slo_failures=slo_failures(metrics),
         offered=offered,
         metrics=_compact(metrics, evidence, validity.warnings),
+        early_stop=early_stop,
     )
     return Measured(point, metrics, evidence, run.samples, run.slow)
 
@@ -163,7 +171,9 @@ def timed_batch(
 @dataclass
 class TensorTarget:
     """Open-loop requests of one item each, served through ``policy`` (no batching by
-    default), spans: ``preprocess`` (collate), ``infer``, ``postprocess`` (output check)."""
+    default), spans: ``preprocess`` (collate), ``infer``, ``postprocess`` (output check).
+    ``early_stop``: a search's rule for stopping a saturated rate point (None: measure
+    every point in full)."""
 
     engine: TensorEngine
     pool: list[dict[str, Any]]
@@ -173,14 +183,17 @@ class TensorTarget:
     policy: BatchPolicy = field(default_factory=NoBatching)
     clock: MonotonicClock = field(default_factory=MonotonicClock)
     points: dict[float, Measured] = field(default_factory=dict)
+    early_stop: EarlyStopRule | None = None
 
     def _run_batch(self, indices: Sequence[int]) -> dict[str, float]:
         return timed_batch(self.engine, self.pool, indices, self.clock)
 
-    def serve(self, schedule: Schedule, seed: int) -> Served:
+    def serve(self, schedule: Schedule, seed: int, watch: Watch | None = None) -> Served:
         offsets = schedule.schedule(seed)
         timeout = self.settings.reliability.request_timeout_s
-        trace = serve_open_loop(offsets, self.policy, self._run_batch, self.clock, timeout)
+        trace = serve_open_loop(
+            offsets, self.policy, self._run_batch, self.clock, timeout, watch=watch
+        )
         # a shaped load (ramp, burst) moves latency by design: no trend warning for it
         stationary = isinstance(schedule, OpenLoop)
         s = summarize_trace(
@@ -188,12 +201,17 @@ class TensorTarget:
         )
         latency = np.where(trace.failed, np.inf, trace.t_done - trace.t_sched)
         start = float(trace.t_sched[0] - offsets[0]) if offsets.size else self.clock.now()
-        return Served(s.metrics, s.evidence, s.samples, s.slow, offsets, latency, start)
+        offsets = offsets[: trace.t_sched.size]  # an early stop keeps the answered ones
+        return Served(
+            s.metrics, s.evidence, s.samples, s.slow, offsets, latency, start, s.early_stop
+        )
 
     def rate_point(self, rate: float) -> Point:
         load = OpenLoop(rate=rate, duration=self.settings.profile.window_s)
-        run = self.serve(load, self.seed + len(self.points))
-        m = measured(rate, run, self.settings)
+        rule = self.early_stop
+        watch = Watch(rule, load.duration, rate) if rule is not None else None
+        run = self.serve(load, self.seed + len(self.points), watch)
+        m = measured(rate, run, self.settings, run.early_stop)
         self.points[rate] = m
         return m.point
 
@@ -211,6 +229,9 @@ class GenerativeTarget:
     prompt: tuple[int, int, int]
     output: tuple[int, int, int]
     points: dict[float, Measured] = field(default_factory=dict)
+    early_stop: EarlyStopRule | None = None
+    early_stop_off: str | None = None
+    """Why the rule could not stop the points (several client processes)."""
     _draws: int = 0
 
     def requests(self, n: int) -> list[Any]:
@@ -220,8 +241,10 @@ class GenerativeTarget:
         )
 
     def _summarize(self, load: float, sent: Sent, offered: float | None) -> Point:
-        s = summarize_stream(sent.records, self.slos, offered)
-        m = measured(load, replace(s, metrics=s.metrics | sent.extra), self.settings)
+        s = with_early_stop(summarize_stream(sent.records, self.slos, offered), sent.early_stop)
+        s = replace(s, metrics=s.metrics | sent.extra)
+        m = measured(load, s, self.settings, sent.early_stop)
+        self.early_stop_off = self.early_stop_off or sent.early_stop_off
         self.points[load] = m
         return m.point
 
@@ -244,7 +267,8 @@ class GenerativeTarget:
             self.settings.profile.gen_requests, math.ceil(rate * self.settings.profile.window_s)
         )
         offsets = OpenLoop(rate=rate, duration=n / rate).schedule(self.seed + self._draws)
-        sent = self.source.open_loop(self.requests(int(offsets.size)), offsets)
+        watch = Watch(self.early_stop, n / rate, rate) if self.early_stop else None
+        sent = self.source.open_loop(self.requests(int(offsets.size)), offsets, watch)
         return self._summarize(rate, sent, offsets.size / (n / rate))
 
     def users_point(self, users: float) -> Point:
@@ -423,8 +447,12 @@ def finish_capacity(
     *,
     objective: str,
     seeds: dict[str, int],
+    early_stop_off: str | None = None,
 ) -> None:
+    """``early_stop_off``: why the search's points could not stop early (kept with it)."""
     metrics: dict[str, Any] = {"objective": objective, "search": result.to_json()}
+    if early_stop_off:
+        metrics["search"]["early_stop"]["not_applied"] = early_stop_off
     cap = result.capacity
     if cap is None:
         evidence = _with(_first(points).evidence, problems=[f"no capacity: {result.why}"])

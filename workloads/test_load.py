@@ -8,6 +8,12 @@ and behaviour under shaped load, for tensor and generative engines alike.
   holds, by bracketing and bisection on measured points, with the bracketing points,
   and the capacity point measured again (the profile's ``repeats``) for its spread.
 * soak: a fixed load for the profile's soak time, latency per window and memory drift.
+
+A rate point a sweep or capacity search explores stops early when its queue and latency
+grow without bound (``--early-stop``, harness.load.saturation; generative points through
+harness.load.streamstop, in this process only: with ``--clients N`` they run in full and
+the record says why): it is past the knee whatever its full window would show. A cell of
+one fixed load always runs in full.
 * shape: clumped (gamma) arrivals, a burst from base rate to peak and back, a ramp.
 
 Every point is judged by the same validity rules as any cell; an invalid point never
@@ -17,7 +23,7 @@ becomes the knee or the capacity. Open-loop latency counts from the scheduled ti
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -28,6 +34,7 @@ from harness.api import (
     BatchPolicy,
     Cell,
     DynamicBatching,
+    EarlyStopRule,
     KneeRule,
     NoBatching,
     OpenEngine,
@@ -56,6 +63,8 @@ from workloads.load import (
     finish_sweep,
 )
 from workloads.usermodel import open_model
+
+Target = TypeVar("Target", TensorTarget, GenerativeTarget)
 
 MODEL = "tiny-cnn"
 DISTINCT_INPUTS = 64
@@ -111,6 +120,14 @@ def _tensor_target(
     for size in sorted({1, policy.max_batch}):
         engine.warmup(inputs.collate(pool[:size]), settings.profile.warmup_iterations)
     return TensorTarget(engine, pool, settings, slos, settings.seed + 3000, policy)
+
+
+def _searching(target: Target, settings: RunSettings) -> Target:
+    """The target with the search's early stop, unless ``--early-stop=off`` (with several
+    client processes a generative target records why its points ran in full)."""
+    if settings.early_stop:
+        target.early_stop = EarlyStopRule.for_policy(settings.profile.policy)
+    return target
 
 
 def _generative_target(
@@ -181,6 +198,7 @@ def test_rate_sweep(cell: Cell, open_engine: OpenEngine, harness_settings: RunSe
     target = _tensor_target(
         cell, open_engine, harness_settings, harness_settings.slos, NoBatching()
     )
+    _searching(target, harness_settings)
     result = sweep(target.rate_point, RATES[harness_settings.profile.name], _rule(harness_settings))
     finish_sweep(cell, result, target.points, "req/s", {"arrivals": target.seed})
 
@@ -197,7 +215,9 @@ def test_capacity(
 ) -> None:
     policy: BatchPolicy = NoBatching() if batching == "none" else DynamicBatching(8, 0.002)
     slos = parse_slos(objective)
-    target = _tensor_target(cell, open_engine, harness_settings, slos, policy)
+    target = _searching(
+        _tensor_target(cell, open_engine, harness_settings, slos, policy), harness_settings
+    )
     result = capacity_search(target.rate_point, _search(harness_settings, TENSOR_SEARCH))
     _finish_capacity(cell, result, target, objective, harness_settings)
 
@@ -210,14 +230,22 @@ def _finish_capacity(
     settings: RunSettings,
 ) -> None:
     reps = []
+    target.early_stop = None  # the capacity point's repetitions measure it in full
     if result.capacity is not None:
         kept = target.points[result.capacity.load]  # the record keeps the first measurement
         reps = [
             target.rate_point(result.capacity.load) for _ in range(settings.profile.repeats - 1)
         ]
         target.points[result.capacity.load] = kept
+    off = target.early_stop_off if isinstance(target, GenerativeTarget) else None
     finish_capacity(
-        cell, result, target.points, reps, objective=objective, seeds={"arrivals": target.seed}
+        cell,
+        result,
+        target.points,
+        reps,
+        objective=objective,
+        seeds={"arrivals": target.seed},
+        early_stop_off=off,
     )
 
 
@@ -295,7 +323,10 @@ def test_generative_capacity(
     objective: str,
 ) -> None:
     slos = parse_slos(objective)
-    target = _generative_target(request, cell, open_engine, harness_settings, aio, slos)
+    target = _searching(
+        _generative_target(request, cell, open_engine, harness_settings, aio, slos),
+        harness_settings,
+    )
     result = capacity_search(target.rate_point, _search(harness_settings, GENERATIVE_SEARCH))
     _finish_capacity(cell, result, target, objective, harness_settings)
 

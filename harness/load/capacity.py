@@ -11,8 +11,10 @@ users) with its validity verdict and SLO checks. Two searches use them:
 
 An invalid point (too few samples, a lagging generator, too many errors) never passes
 and never becomes the knee or the capacity: it stops a sweep and bounds a search from
-above, and the report says so. Both searches are pure over a ``measure`` callable, so
-their logic is tested with synthetic systems.
+above, and the report says so. A point stopped early as saturated
+(harness.load.saturation) is past the knee: it blows a sweep up and fails a search.
+Both searches are pure over a ``measure`` callable, so their logic is tested with
+synthetic systems.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
+
+from harness.load.saturation import EarlyStop
 
 
 class LoadPoint(TypedDict, total=False):
@@ -41,6 +45,8 @@ class LoadPoint(TypedDict, total=False):
     throughput_ci95: list[float | None] | None
     failed: int
     warnings: list[str]
+    stopped_early: bool
+    early_stop: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class Point:
     slo_failures: tuple[str, ...] = ()
     offered: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict, compare=False)
+    early_stop: EarlyStop | None = None
+    """Set when the point stopped before its window ended, saturated: past the knee."""
 
     def __post_init__(self) -> None:
         if not (self.load > 0 and math.isfinite(self.load)):
@@ -71,10 +79,12 @@ class Point:
 
     @property
     def passes(self) -> bool:
-        """Valid and within every SLO: the only points a capacity may be."""
-        return self.valid and not self.slo_failures
+        """Valid, within every SLO and not saturated: the only points a capacity may be."""
+        return self.valid and not self.slo_failures and self.early_stop is None
 
     def to_json(self) -> dict[str, Any]:
+        stopped = self.early_stop
+        early = {} if stopped is None else {"stopped_early": True, "early_stop": stopped.to_json()}
         return {
             "load": self.load,
             "offered": self.offered,
@@ -86,6 +96,7 @@ class Point:
             "slo_failures": list(self.slo_failures),
             "passes": self.passes,
             **self.metrics,
+            **early,
         }
 
 
@@ -157,6 +168,7 @@ class SweepResult:
             "why": self.why,
             # the knee is exact only when a blow-up was seen past it
             "knee_is_lower_bound": self.stop is not Stop.BLOWUP,
+            "early_stop": early_stop_summary(self.points),
         }
 
 
@@ -168,11 +180,13 @@ def sweep(measure: Measure, loads: Sequence[float], rule: KneeRule) -> SweepResu
     for load in loads:
         point = measure(load)
         points.append(point)
-        if not point.valid:
+        if not point.valid and point.early_stop is None:  # a saturated stop is a blow-up
             knee = points[-2] if len(points) > 1 else None
             why = f"the point at {load:g} is invalid: {'; '.join(point.reasons)}"
             return SweepResult(tuple(points), knee, Stop.INVALID, why)
-        blown = rule.blown(point, points[0], points[-2] if len(points) > 1 else point)
+        prev = points[-2] if len(points) > 1 else point
+        stopped = point.early_stop
+        blown = stopped.describe() if stopped else rule.blown(point, points[0], prev)
         if blown is not None:
             knee = points[-2] if len(points) > 1 else None
             return SweepResult(tuple(points), knee, Stop.BLOWUP, f"at {load:g}: {blown}")
@@ -219,6 +233,7 @@ class CapacityResult:
             ],
             "converged": self.converged,
             "why": self.why,
+            "early_stop": early_stop_summary(self.points),
         }
 
 
@@ -269,7 +284,18 @@ def _bracket(
     return None, hi
 
 
+def early_stop_summary(points: Sequence[Point]) -> dict[str, Any]:
+    """The points a search stopped early and the scheduled seconds that saved."""
+    stopped = [p for p in points if p.early_stop is not None]
+    return {
+        "points": [p.load for p in stopped],
+        "saved_s": sum(p.early_stop.saved_s for p in stopped if p.early_stop is not None),
+    }
+
+
 def _failure(point: Point) -> str:
+    if point.early_stop is not None:
+        return point.early_stop.describe()
     if not point.valid:
         return "invalid: " + "; ".join(point.reasons)
     return "missed " + ", ".join(point.slo_failures)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from harness.load.saturation import EarlyStop
 from harness.load.serving import ServeTrace
 from harness.metrics import failures, slowlog, stats
 from harness.metrics.slo import SLO, slo_verdicts, slos_on, within
@@ -30,6 +31,7 @@ class TraceSummary:
     slow: slowlog.SlowLog | None
     e2e: Array
     """Latency of the successful requests, seconds from their scheduled time."""
+    early_stop: EarlyStop | None = None
 
 
 SERVED_LATENCIES = ("e2e",)
@@ -61,6 +63,10 @@ def summarize_trace(
         "errors": failures.tally(trace.errors),
     }
     metrics["slo"] = slo_verdicts(metrics, slos, SERVED_LATENCIES)
+    stop = trace.early_stop
+    if stop is not None:  # the requests it cut off are counted, not dropped
+        metrics["requests"]["cut_off"] = stop.backlog + stop.unsent
+        metrics["early_stop"] = stop.to_json()
     lag_p99 = stats.conservative(trace.lag, 99.0)
     evidence = Evidence(
         samples=n_ok,
@@ -70,7 +76,8 @@ def summarize_trace(
         offered_rate=offered_rate,
         achieved_rate=n_ok / window if window > 0 else 0.0,
         negative_durations=int(np.sum(spans["queue"] < 0) + np.sum(e2e < spans["queue"])),
-        notes=_trend(e2e, trace.t_sched[ok], lag_p99) if stationary else (),
+        notes=(_trend(e2e, trace.t_sched[ok], lag_p99) if stationary else ())
+        + ((stop.describe(),) if stop else ()),
         span=(float(trace.t_sched.min()), float(trace.t_done.max())) if window > 0 else None,
     )
     threshold = min((s.threshold_s for s in slos_on(slos, SERVED_LATENCIES)), default=None)
@@ -83,7 +90,7 @@ def summarize_trace(
     )
     samples = {"e2e": stats.as_samples(e2e), "queue": stats.as_samples(spans["queue"])}
     samples["lag"] = stats.as_samples(trace.lag)
-    return TraceSummary(metrics, evidence, samples, slow, e2e)
+    return TraceSummary(metrics, evidence, samples, slow, e2e, stop)
 
 
 def _trend(e2e: Array, t_sched: Array, lag_p99_s: float | None) -> tuple[str, ...]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -20,7 +21,8 @@ import numpy.typing as npt
 
 from harness.engine import BatchingMode, is_fatal
 from harness.load.clock import Clock, gc_paused
-from harness.load.progress import LIVE, schedule_span
+from harness.load.livecounters import LIVE, schedule_span
+from harness.load.saturation import EarlyStop, Watch
 from harness.metrics import stats
 
 
@@ -144,6 +146,9 @@ class ServeTrace:
     errors: dict[str, int] = field(default_factory=dict)
     batch_spans: list[dict[str, float]] = field(default_factory=list)
     batch_of: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    early_stop: EarlyStop | None = None
+    """Set when a ``Watch`` stopped the loop: the arrays then hold the answered requests
+    only, and the evidence counts the ones cut off."""
 
     def request_spans(self) -> dict[str, npt.NDArray[np.float64]]:
         """Per request: ``queue`` (due to dispatch), its batch's stages, and ``other``
@@ -176,6 +181,8 @@ def serve_open_loop(
     run_batch: RunBatch,
     clock: Clock,
     timeout_s: float = math.inf,
+    *,
+    watch: Watch | None = None,
 ) -> ServeTrace:
     """Serve requests due at ``offsets`` (seconds from now) through ``policy``.
 
@@ -183,11 +190,12 @@ def serve_open_loop(
     event (arrival or batch deadline), so the only harness overhead is its wake-up lag,
     which it records for every sleep. A request answered more than ``timeout_s`` after it
     was due has failed (its client gave up); a synchronous call cannot be abandoned, so
-    one that never returns is left to the cell's deadline.
+    one that never returns is left to the cell's deadline. A ``watch`` (a search's point)
+    may stop the loop early when the system is saturated (harness.load.saturation).
     """
     with gc_paused():
         LIVE.begin_window(schedule_span(offsets), int(offsets.size))
-        trace = _serve(offsets, policy, run_batch, clock)
+        trace = _serve(offsets, policy, run_batch, clock, watch)
         LIVE.end_window()
     _apply_timeout(trace, timeout_s)
     return trace
@@ -204,7 +212,11 @@ def _apply_timeout(trace: ServeTrace, timeout_s: float) -> None:
 
 
 def _serve(
-    offsets: npt.NDArray[np.float64], policy: BatchPolicy, run_batch: RunBatch, clock: Clock
+    offsets: npt.NDArray[np.float64],
+    policy: BatchPolicy,
+    run_batch: RunBatch,
+    clock: Clock,
+    watch: Watch | None = None,
 ) -> ServeTrace:
     n = int(offsets.size)
     start = clock.now()
@@ -223,6 +235,11 @@ def _serve(
         while nxt < n and t_sched[nxt] <= now:
             queue.append(nxt)
             nxt += 1
+        if watch is not None and watch.due(now - start):
+            answered = nxt - len(queue)  # first come first served: a prefix is answered
+            stop = watch.check(now - start, nxt, answered, partial(_answered, trace, answered))
+            if stop is not None:
+                return _cut(trace, answered, replace(stop, unsent=n - nxt))
         oldest = float(t_sched[queue[0]]) if queue else None
         decision = policy.decide(len(queue), oldest, now, nxt < n)
         if isinstance(decision, Dispatch):
@@ -237,6 +254,24 @@ def _serve(
         lag = clock.now() - wake
         trace.lag.append(lag)
         LIVE.lag_s = lag
+    return trace
+
+
+def _answered(
+    trace: ServeTrace, answered: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    ok = ~trace.failed[:answered]
+    t_sched = trace.t_sched[:answered][ok]
+    return t_sched - trace.t_sched[0], trace.t_done[:answered][ok] - t_sched
+
+
+def _cut(trace: ServeTrace, answered: int, stop: EarlyStop) -> ServeTrace:
+    """The trace of the answered requests (a prefix: batches leave the queue in order);
+    the unanswered and unsent ones are counted in ``stop``."""
+    trace.t_sched, trace.t_send = trace.t_sched[:answered], trace.t_send[:answered]
+    trace.t_done, trace.failed = trace.t_done[:answered], trace.failed[:answered]
+    trace.batch_of = trace.batch_of[:answered]
+    trace.early_stop = stop
     return trace
 
 

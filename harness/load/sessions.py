@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from harness.engine import Chunk, GenerationRequest, GenerativeEngine, Message
 from harness.load.clock import gc_paused
-from harness.load.progress import LIVE, schedule_span
+from harness.load.livecounters import LIVE, schedule_span
 from harness.load.streamdriver import Driver, sleep_until
 from harness.metrics.streamtiming import RequestRecord
 

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from harness.engine import Chunk, GenerationRequest, GenerativeEngine, is_fatal
 from harness.load.clock import Clock, MonotonicClock, gc_paused
-from harness.load.progress import LIVE, schedule_span
+from harness.load.livecounters import LIVE, schedule_span
 from harness.metrics.streamtiming import InputSource, RequestRecord
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""The pytest session: options and their validation (``options``, ``config``), the run's
+"""The pytest session: options and their validation (``pytestoptions``, ``config``), the run's
 state (``state``), the cell a workload fills (``cell``), process isolation (``isolation``,
 ``worker``, ``child``), engines shared between cells (``pool``), the exit status
 (``outcome``) and pytest-benchmark interplay (``benchbridge``). ``harness.plugin`` wires

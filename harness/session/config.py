@@ -17,6 +17,8 @@ from typing import Any
 
 from harness.engine import registry
 from harness.exceptions import UnknownEngine, UsageError
+from harness.load import adapters
+from harness.load.adapters import AdapterMix
 from harness.load.clients import is_network_client
 from harness.metrics.slo import SLO, parse_slos
 from harness.metrics.validity import Policy
@@ -135,6 +137,12 @@ class RunSettings:
     """Configurations each engine's cells are measured in (``--engine-grid``)."""
     model_set: ModelSet = ModelSet.TINY
     """The embedded models' sizes (``--model-set``, ``auto`` resolved by the device)."""
+    early_stop: bool = True
+    """Stop a search's saturated rate point early (``--early-stop``,
+    harness.load.saturation); False: every point runs its full window."""
+    lora: AdapterMix | None = None
+    """The LoRA adapters generative requests are spread over (``--lora``); None: the base
+    model only."""
 
     def options_for(self, engine: str, params: Mapping[str, object]) -> dict[str, str]:
         """The options the user fixed for a cell of ``engine`` with ``params``: its
@@ -168,7 +176,8 @@ class RunSettings:
             "traffic": self.traffic.to_json(),
             "engine_grid": self.engine_grid.to_json(),
             "model_set": self.model_set.value,
-        }
+            "early_stop": self.early_stop,
+        } | ({"lora": self.lora.to_json()} if self.lora else {})  # no key: as runs before it
 
     @property
     def cell_timeout_s(self) -> float:
@@ -356,6 +365,8 @@ def parse_settings(
     engine_grid: Sequence[str] | None = None,
     engine_grid_file: str | None = None,
     model_set: str = "auto",
+    early_stop: str = "on",
+    lora: Sequence[str] | None = None,
 ) -> RunSettings:
     names = _engines(engines)
     options = _engine_options(engine_options, names)
@@ -384,6 +395,8 @@ def parse_settings(
         repeats=check_repeats(repeats, reliability, dist),
         traffic=traffic or Traffic(),
         model_set=_model_set(model_set, device),
+        early_stop=_on_off(early_stop, "--early-stop"),
+        lora=adapters.parse(lora),
     )
 
 
@@ -450,6 +463,12 @@ def _clients_on(where: str, clients: int, dist: Distribution) -> ClientsOn:
             " RAY_ADDRESS, or run with --cells-on=ray, whose cells reach the cluster they run on)"
         )
     return on
+
+
+def _on_off(value: str, option: str) -> bool:
+    if value not in ("on", "off"):
+        raise UsageError(f"{option} {value!r}: choose on or off")
+    return value == "on"
 
 
 def _slos(text: str | None) -> tuple[SLO, ...]:

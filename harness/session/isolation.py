@@ -30,7 +30,7 @@ import pytest
 
 from harness.results.records import Status
 from harness.results.store import LOGS
-from harness.session import failtext, progress
+from harness.session import failtext, liveprogress
 from harness.session.child import Child, Event, describe_exit, spawn
 from harness.session.execution import Reliability
 from harness.session.worker import WorkerSpec, worker_argv
@@ -452,10 +452,10 @@ class Watch:
         self.phase = f"closing before {data['nodeid']} moves to a fresh worker"
 
     def _on_progress(self, data: dict[str, Any]) -> None:
-        progress.forward(self.sup.config, data)
+        liveprogress.forward(self.sup.config, data)
 
     def _on_note(self, data: dict[str, Any]) -> None:
-        progress.say(self.sup.config, str(data.get("text", "")))
+        liveprogress.say(self.sup.config, str(data.get("text", "")))
 
     def _on_incident(self, data: dict[str, Any]) -> None:
         self.sup.recorder.incident(str(data.get("text", "")))

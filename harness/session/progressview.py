@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.exceptions import UsageError
-from harness.load.progress import LoadSnapshot
+from harness.load.livecounters import LoadSnapshot
 
 PLAIN_EVERY_S = 10.0
 """A plain line per cell this often (plus one at its end): enough to see a long cell move,

@@ -334,6 +334,7 @@ SETTINGS_ADDED_LATER: dict[str, object] = {
     "traffic": traffic.DEFAULT_JSON,
     "engine_grid": {},
     "model_set": "tiny",
+    "early_stop": False,
 }
 """Settings newer than some run directories, with the value older runs measured with."""
 

@@ -3,7 +3,7 @@ requests sent, completed and failed, and the load generator's current lag.
 
 Where each part runs:
 
-* the cell's process keeps the counters (``harness.load.progress.LIVE``): the load
+* the cell's process keeps the counters (``harness.load.livecounters.LIVE``): the load
   generators bump them, and nothing else of this enters their loops;
 * under process isolation, a worker's ``WorkerSampler`` sends them to the controller as
   a "progress" event once a second, from a thread of its own; the controller's
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from harness.exceptions import UsageError
-from harness.load.progress import LIVE, LoadSnapshot
+from harness.load.livecounters import LIVE, LoadSnapshot
 from harness.results.records import PlannedCell, format_param
 from harness.results.redact import redact_text
 from harness.session import announce

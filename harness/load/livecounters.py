@@ -1,4 +1,4 @@
-"""The load generators' live counters, read by the progress display (harness.session.progress).
+"""The load generators' live counters, read by the progress display (harness.session.liveprogress).
 
 A measured loop's only cost is an integer or float attribute update per request (no lock,
 no I/O, no allocation): a display thread samples ``LIVE`` about once a second and reads

@@ -15,7 +15,7 @@ from harness.exceptions import UsageError
 from harness.results import redact
 from harness.session.config import MODEL_SET_CHOICES, ProfileName, RunSettings, parse_settings
 from harness.session.execution import parse_dist, parse_reliability
-from harness.session.progress import add_option as add_progress_option
+from harness.session.liveprogress import add_option as add_progress_option
 from harness.session.traffic import DATASET_FORMATS, TRACE_FORMATS, parse_traffic
 
 
@@ -128,6 +128,14 @@ def add_options(parser: pytest.Parser) -> None:
         help="local: --clients processes on the cell's machine; ray: Ray actors spread over"
         " the cluster of --ray-address (or of --cells-on=ray), clocks aligned on wall time"
         " (default: local)",
+    )
+    group.addoption(
+        "--early-stop",
+        default="on",
+        metavar="on|off",
+        help="on: a rate point of a sweep or capacity search whose queue and latency grow"
+        " without bound stops early, recorded as saturated (past the knee); off: every"
+        " point runs its full window. Cells of one fixed load always do (default: on)",
     )
     _add_reliability_options(parser)
     add_progress_option(group)
@@ -272,6 +280,13 @@ def _add_traffic_options(group: pytest.OptionGroup) -> None:
         help="replay trace seconds [START, END) only (either may be empty)",
     )
     group.addoption("--trace-limit", type=int, metavar="N", help="replay the first N requests only")
+    group.addoption(
+        "--lora",
+        action="append",
+        metavar="NAME=DIR[@WEIGHT]",
+        help="generative workloads: requests spread over LoRA adapters by weight (repeat, or"
+        " comma-separate; base[@WEIGHT]: the base model's share); the engine serves them",
+    )
 
 
 def _add_reliability_options(parser: pytest.Parser) -> None:
@@ -414,6 +429,8 @@ def settings_from(config: pytest.Config) -> RunSettings:
             clients_on=opt("clients_on"),
             reliability=reliability,
             repeats=opt("repeats"),
+            early_stop=opt("early_stop"),
+            lora=opt("lora"),
             engine_grid=opt("engine_grid"),
             engine_grid_file=opt("engine_grid_file"),
             traffic=parse_traffic(
