@@ -16,12 +16,6 @@ Tests start pytest sessions of their own (pytester, ``pytest workloads`` subproc
 In an xdist worker they would inherit its ``PYTEST_XDIST_WORKER`` and look like xdist
 workers themselves: pytest-benchmark then saves no JSON. The variables are dropped at
 the start of the worker, which xdist itself no longer reads by then.
-
-A module-scoped fixture (a whole pytest run whose records a module's tests check) runs
-once per xdist worker that gets one of its tests. Those tests carry an ``xdist_group`` of
-the module and fixture, and ``tox -e tests`` distributes with ``--dist loadgroup``, so
-each such run happens once: on two workers, they ran twice (tests/test_isolation.py's
-faults run, tests/test_workloads_onnxruntime.py's run, 30-50 s each).
 """
 
 from __future__ import annotations
@@ -57,32 +51,7 @@ class UnmarkedSlow:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # pytest-xdist declares it where it is installed; the tests run without it too
-    config.addinivalue_line("markers", "xdist_group(name): run these tests on one worker")
     for name in XDIST_VARIABLES:
         os.environ.pop(name, None)
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sums
         config.pluginmanager.register(UnmarkedSlow(), "unmarked-slow")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        shared = module_fixture(item)
-        if shared is not None:
-            item.add_marker(pytest.mark.xdist_group(shared))
-
-
-def module_fixture(item: pytest.Item) -> str | None:
-    """``module::fixture`` of the first module-scoped fixture that ``item``'s own module
-    defines and ``item`` uses; None if it uses none."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    module = item.nodeid.split("::", 1)[0]
-    names = sorted(
-        name
-        for name, defs in info.name2fixturedefs.items()
-        if defs and defs[-1].scope == "module" and defs[-1].baseid == module
-    )
-    return f"{module}::{names[0]}" if names else None
