@@ -30,6 +30,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -216,22 +217,37 @@ def embedded_llm(seed: int = 0, spec: LlamaSpec = TINY) -> Path:
     """Directory of the embedded decoder ``spec`` for ``seed``, built on first use (and
     announced: seconds, parameters, disk) and cached."""
     path = cache_dir().parent / "llm" / f"{spec.name}-s{seed}-{_key(seed, spec)}"
+    return built_once(
+        path,
+        lambda target: _build(target, seed, spec),
+        lambda info: (
+            f"embedded model {spec.name} (seed {seed}) built in {info['build_s']:.1f} s:"
+            f" {info['parameters'] / 1e9:.2f}B parameters, {info['bytes'] / 1e9:.2f} GB at {path}"
+        ),
+    )
+
+
+def built_once(
+    path: Path,
+    build: Callable[[Path], dict[str, Any]],
+    summary: Callable[[dict[str, Any]], str],
+) -> Path:
+    """``path``, a model directory that ``build`` writes on first use (returning what
+    goes in its harness-model.json; announced with ``summary`` of it) and that is cached
+    after: built in a temporary directory beside it and moved into place in one step."""
     if (path / "harness-model.json").is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
     try:
-        info = _build(tmp, seed, spec)
+        info = build(tmp)
         (tmp / "harness-model.json").write_text(json.dumps(info, indent=1))
         os.replace(tmp, path)  # atomic: a concurrent builder's result is equivalent
     except OSError:
         if not (path / "harness-model.json").is_file():
             raise
     else:
-        announce(
-            f"embedded model {spec.name} (seed {seed}) built in {info['build_s']:.1f} s:"
-            f" {info['parameters'] / 1e9:.2f}B parameters, {info['bytes'] / 1e9:.2f} GB at {path}"
-        )
+        announce(summary(info))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path

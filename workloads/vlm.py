@@ -22,17 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from harness.api import announce
-from workloads.llm import TINY, _tokenizer, config_for
+from workloads.llm import TINY, _tokenizer, built_once, config_for
 from workloads.models import cache_dir
 
 GENERATOR_VERSION = 1
@@ -156,22 +152,11 @@ def _build(target: Path, seed: int) -> dict[str, Any]:
 def embedded_vlm(seed: int = 0) -> Path:
     """Directory of the tiny LLaVA for ``seed``, built on first use (announced) and cached."""
     path = cache_dir().parent / "llm" / f"{NAME}-s{seed}-{_key(seed)}"
-    if (path / "harness-model.json").is_file():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
-    try:
-        info = _build(tmp, seed)
-        (tmp / "harness-model.json").write_text(json.dumps(info, indent=1))
-        os.replace(tmp, path)  # atomic: a concurrent builder's result is equivalent
-    except OSError:
-        if not (path / "harness-model.json").is_file():
-            raise
-    else:
-        announce(
+    return built_once(
+        path,
+        lambda target: _build(target, seed),
+        lambda info: (
             f"embedded model {NAME} (seed {seed}) built in {info['build_s']:.1f} s:"
             f" {info['parameters'] / 1e6:.2f}M parameters at {path}"
-        )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+        ),
+    )
