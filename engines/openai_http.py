@@ -64,6 +64,7 @@ from engines.openai_stream import (
     dumps,
     loads,
     sse_events,
+    status_failure,
 )
 from engines.openai_wire import Origin, Pool, Response, head, post, send_now
 from engines.vllm_lora import check_modules, check_rank
@@ -481,8 +482,7 @@ class OpenAIEngine:
             # sent to response headers: connection, transfer and the server's admission
             headers_s = conn.t_read - t_post
             if response.status != 200:
-                text = (await response.read(300))[:300].decode(errors="replace")
-                raise RequestFailed(f"HTTP {response.status}: {text}")
+                raise status_failure(response.status, await response.read(300))
             splitter = EventSplitter()
             last: list[bytes] = []
             while True:  # Response.pieces, inlined: this loop runs for every read

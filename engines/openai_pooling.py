@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engines.openai_stream import RequestFailed, dumps, loads
+from engines.openai_stream import RequestFailed, dumps, loads, status_failure
 from engines.openai_wire import Pool, head, post
 from harness.engine import EngineError, PoolingRequest, PoolingResult
 
@@ -51,7 +51,7 @@ def payload(request: PoolingRequest, model: str) -> tuple[str, dict[str, Any]]:
 def parse(request: PoolingRequest, status: int, body: bytes) -> PoolingResult:
     """The result of ``request`` from the server's answer (``status``, ``body``)."""
     if status != 200:
-        raise RequestFailed(f"HTTP {status}: {body[:300].decode(errors='replace')}")
+        raise status_failure(status, body)
     try:
         answer = loads(body)
     except ValueError as exc:

@@ -29,6 +29,12 @@ class RequestFailed(RequestError):
     """One request failed (HTTP status, in-band error, truncated stream)."""
 
 
+def status_failure(status: int, body: bytes) -> RequestFailed:
+    """An answer other than 200 as its request's failure: the status and the start of
+    the body, where servers say why."""
+    return RequestFailed(f"HTTP {status}: {body[:300].decode(errors='replace')}")
+
+
 class StreamState:
     """Turns parsed SSE payloads into chunks; pure, so it is tested on recorded streams."""
 

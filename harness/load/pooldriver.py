@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,17 +66,14 @@ class PoolTrace:
         """The outcomes as the serving loop's trace (one request per "batch" of its own:
         what a pooling request batches is its own inputs, inside the engine)."""
         out = self.outcomes
-        errors: dict[str, int] = {}
-        for o in out:
-            if o.error is not None:
-                errors[o.error] = errors.get(o.error, 0) + 1
+        errors = Counter(o.error for o in out if o.error is not None)
         return ServeTrace(
             t_sched=np.array([o.t_sched for o in out], dtype=np.float64),
             t_send=np.array([o.t_send for o in out], dtype=np.float64),
             t_done=np.array([o.t_done for o in out], dtype=np.float64),
             failed=np.array([o.error is not None for o in out], dtype=np.bool_),
             lag=[o.lag for o in out if o.lag is not None],
-            errors=errors,
+            errors=dict(errors),
         )
 
 
