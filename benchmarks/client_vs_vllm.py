@@ -310,7 +310,7 @@ def _rate(rate: float | None) -> str:
 
 def _tokenizer(vllm_python: str) -> Path:
     """The embedded tiny Llama's directory: vLLM's random dataset needs a tokenizer."""
-    code = "from workloads.llm import embedded_llm; print(embedded_llm())"
+    code = "from workloads.lib.llm import embedded_llm; print(embedded_llm())"
     done = subprocess.run([vllm_python, "-c", code], capture_output=True, text=True, check=True)
     return Path(done.stdout.strip().splitlines()[-1])
 

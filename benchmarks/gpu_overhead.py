@@ -7,7 +7,7 @@ the harness, request by request, and what the harness adds.
   CUDA events around that work on cuda (the device's own clock, launch to last copy), with
   ``perf_counter`` on cpu.
 * harness: the torch engine from the registry, driven by the code a tensor cell runs per
-  request: ``serve_open_loop`` (no batching) calling ``workloads.load.timed_batch``
+  request: ``serve_open_loop`` (no batching) calling ``workloads.lib.load.timed_batch``
   (collate, ``engine.infer``, output check), with the cell's telemetry thread sampling
   beside it. Its figure is what the cell records as its headline latency, ``e2e`` (due
   time to done, as ``summarize_trace`` takes it), and beside it ``service`` (sent to done).
@@ -48,8 +48,8 @@ from harness.load.serving import NoBatching, ServeTrace, serve_open_loop
 from harness.metrics import stats
 from harness.metrics.telemetry import Telemetry
 from harness.results.environment import fingerprint
-from workloads import inputs, modelset
-from workloads.load import timed_batch
+from workloads.lib import inputs, modelset
+from workloads.lib.load import timed_batch
 
 PREFERRED_MODELS = ("resnet50", "tiny-cnn")
 """The default model: the first the embedded set has (resnet50: the reference-sized CNN,

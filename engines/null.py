@@ -107,7 +107,7 @@ GEN_OPTIONS = OptionSchema(
 )
 LLM_EXTRA = ("torch", "transformers", "tokenizers")
 """What the generative workloads' default model, the embedded tiny LLM
-(``workloads/llm.py``, extra ``[llm]``), is built with. null-gen needs none of them; its
+(``workloads/lib/llm.py``, extra ``[llm]``), is built with. null-gen needs none of them; its
 cells do, unless ``--model DIR`` names a model."""
 PREFIX_BLOCK = 16
 """Tokens per cached block (vLLM's default block size): only whole blocks are reused."""

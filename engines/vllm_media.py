@@ -12,7 +12,7 @@ placeholder to the image's tokens.
 vLLM's Transformers backend (``transformers``) or vLLM's choice (``auto``, the default).
 On the CPU build without torchvision (``tox -e vllm``), vLLM's LLaVA module cannot be
 imported (it imports Pixtral's image processor, which needs torchvision), so the
-embedded tiny LLaVA (``workloads.vlm``) runs with ``model_impl=transformers``.
+embedded tiny LLaVA (``workloads.lib.vlm``) runs with ``model_impl=transformers``.
 """
 
 from __future__ import annotations

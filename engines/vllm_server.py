@@ -5,7 +5,7 @@ serves the model itself, waits for ``/health``, and always stops the server (SIG
 then SIGKILL). The server binds 127.0.0.1 only and runs with usage reporting off.
 
 Its ``/v1/chat/completions`` renders chats with the model's own chat template, read from
-the tokenizer (the embedded tiny Llama has one: ``workloads.llm.CHAT_TEMPLATE``), so no
+the tokenizer (the embedded tiny Llama has one: ``workloads.lib.llm.CHAT_TEMPLATE``), so no
 ``--chat-template`` is passed; a model without one has its chat requests refused by the
 server (an HTTP error: failed requests, never raw text sent instead).
 """

@@ -1,4 +1,4 @@
-"""The load generator's own ceiling (workloads/clientceiling.py): measured against the
+"""The load generator's own ceiling (workloads/lib/clientceiling.py): measured against the
 harness's no-op streaming server with the real ``openai`` adapter, and what
 ``--clients auto`` and the warning make of it."""
 
@@ -18,8 +18,8 @@ from harness.exceptions import UsageError
 from harness.load import noopserver
 from harness.session.config import AUTO_CLIENTS, PROFILES, ProfileName, parse_settings
 from tests.support.runner import run_workloads
-from workloads import clientceiling
-from workloads.clientceiling import Ceiling, clients_for, warning
+from workloads.lib import clientceiling
+from workloads.lib.clientceiling import Ceiling, clients_for, warning
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -27,7 +27,7 @@ class TestNullGen(GenerativeConformance):
 
 def _embedded(name: str) -> Path:
     pytest.importorskip("onnx")
-    from workloads.models import embedded  # noqa: PLC0415
+    from workloads.lib.models import embedded  # noqa: PLC0415
 
     return embedded(name).path
 

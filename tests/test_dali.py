@@ -14,7 +14,7 @@ import pytest
 from harness.results.records import Status
 from tests.support.imagefiles import write_small_corpus
 from tests.support.runner import run_workloads
-from workloads import backends, images, pipeline, preprocess
+from workloads.lib import backends, images, pipeline, preprocess
 
 dali = pytest.importorskip("nvidia.dali")
 Image = pytest.importorskip("PIL.Image")

@@ -1,4 +1,4 @@
-"""Dataset files into generative requests (workloads/datasets.py): every format, every
+"""Dataset files into generative requests (workloads/lib/datasets.py): every format, every
 reason an entry is rejected, the synthetic default dataset, sampling and output modes."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from harness.api import Message
-from workloads import datasets as ds
-from workloads.datasets import DatasetError, Entry
+from workloads.lib import datasets as ds
+from workloads.lib.datasets import DatasetError, Entry
 
 
 def _write_json(path: Path, value: object) -> Path:
@@ -381,7 +381,7 @@ def test_the_default_dataset_is_multi_turn_chat_with_skewed_lengths():
 @pytest.mark.slow  # starts a Python process: a clean sys.modules
 def test_the_default_dataset_needs_neither_torch_nor_transformers():
     code = (
-        "import sys; import workloads.datasets as d; d.default_dataset(0, n=4);"
+        "import sys; import workloads.lib.datasets as d; d.default_dataset(0, n=4);"
         "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

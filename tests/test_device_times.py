@@ -19,7 +19,7 @@ from harness.load.arrivals import Arrivals, OpenLoop
 from harness.load.serve_summary import summarize_trace
 from harness.load.serving import NoBatching, StaticBatching, serve_open_loop
 from tests.support.fakes import FakeClock, FakeTensorEngine
-from workloads.load import timed_batch
+from workloads.lib.load import timed_batch
 
 POOL = [{"x": np.ones((1, 4), dtype=np.float32)}]
 

@@ -34,7 +34,7 @@ from harness.load.serving import NoBatching, ServeTrace, serve_open_loop
 from harness.metrics.slo import parse_slos
 from harness.session.config import PROFILES, ProfileName, RunSettings, parse_settings
 from tests.support.fakes import FakeClock
-from workloads.load import measured
+from workloads.lib.load import measured
 
 SERVICE_S = 0.02  # the simulated server completes 50 requests/s, no more
 WINDOW_S = PROFILES[ProfileName.QUICK].window_s

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.session.config import parse_settings
-from workloads import generative
+from workloads.lib import generative
 
 
 def settings(**kw):

@@ -21,7 +21,7 @@ ON_GPU = DEVICE.startswith("cuda")
 
 def _cnn() -> Path:
     pytest.importorskip("onnx")
-    from workloads.models import embedded  # noqa: PLC0415
+    from workloads.lib.models import embedded  # noqa: PLC0415
 
     return embedded("tiny-cnn").path
 
@@ -118,7 +118,7 @@ class TestTransformers(GenerativeConformance):
         status = engine.probe(DEVICE)
         if not status.available:
             pytest.skip(status.reason)
-        from workloads.llm import embedded_llm  # noqa: PLC0415
+        from workloads.lib.llm import embedded_llm  # noqa: PLC0415
 
         context = 2048  # the embedded tiny Llama's max_position_embeddings
         return Subject(

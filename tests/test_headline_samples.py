@@ -275,8 +275,8 @@ def test_the_golden_runs_reproduce_their_headline_figures(tmp_path):
 #   many points; no headline statistic of raw samples, knee.e2e_p99 is not a statistic
 #   path), the soaks (12 s, fixed by the profile) and the generative shapes (20 s at
 #   least): their headline statistics come from the same run.metrics and run.samples as
-#   load_shape's (workloads/load.py finish_soak, finish_shape);
-# - continuous_batching, which finishes through streaming's workloads/generative.py
+#   load_shape's (workloads/lib/load.py finish_soak, finish_shape);
+# - continuous_batching, which finishes through streaming's workloads/lib/generative.py
 #   finish (same headline, same summary), and precision_generative, which null-gen cannot
 #   run (it has no precision options) and stores no samples (tests/test_vllm_precision.py);
 # - streaming open loop (gen_requests at 4 req/s: 25 s); closed-1 has the same headline.

@@ -12,8 +12,8 @@ import pytest
 
 from tests.support.imagefiles import write_small_corpus
 from tests.support.runner import pytest_workloads
-from workloads import pipeline
-from workloads.backends import make
+from workloads.lib import pipeline
+from workloads.lib.backends import make
 
 Image = pytest.importorskip("PIL.Image")
 

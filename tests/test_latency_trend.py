@@ -27,7 +27,7 @@ from harness.metrics.validity import (
     measurement_reasons,
     unstable_latency,
 )
-from workloads.load import _drift_warnings
+from workloads.lib.load import _drift_warnings
 
 MS = 1e-3
 SHOWN = re.compile(

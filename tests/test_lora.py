@@ -19,7 +19,7 @@ from harness.exceptions import UsageError
 from harness.load import adapters
 from harness.metrics.streamtiming import RequestRecord
 from harness.session.config import RunSettings, parse_settings
-from workloads import features
+from workloads.lib import features
 
 
 def adapter_dir(tmp: Path, name: str, rank: int = 8) -> Path:
@@ -210,7 +210,7 @@ def test_the_users_dataset_and_trace_spread_over_adapters_end_to_end(tmp_path: P
     workloads' records split per adapter; real engines: tests/test_vllm_lora_spec.py."""
     from tests.support.runner import run_workloads  # noqa: PLC0415
     from tests.test_traffic_workloads import NULL_GEN, SLOW_TOKENS, chat_jsonl, fake_model  # noqa: PLC0415
-    from workloads.tracegen import default_trace  # noqa: PLC0415
+    from workloads.lib.tracegen import default_trace  # noqa: PLC0415
 
     a, b = adapter_dir(tmp_path, "a"), adapter_dir(tmp_path, "b")
     run = run_workloads(

@@ -16,7 +16,7 @@ from harness.results.records import Manifest
 from harness.session.config import parse_settings
 from harness.session.state import check_resumable
 from tests.support.runner import pytest_workloads
-from workloads import models
+from workloads.lib import models
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

@@ -16,7 +16,8 @@ from harness.session.config import ModelSet, parse_settings
 from harness.session.state import check_resumable
 from tests.support.fakes import FakeTensorEngine
 from tests.support.isolated import only_run_dir, write_project
-from workloads import generative, llm, modelset, test_precision, test_shapes
+from workloads import test_precision, test_shapes
+from workloads.lib import generative, llm, modelset
 
 pytest_plugins = ["pytester"]
 

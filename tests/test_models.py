@@ -5,7 +5,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from workloads import models
+from workloads.lib import models
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -47,7 +47,7 @@ from harness.metrics.streamtiming import RequestRecord
 from harness.metrics.validity import Verdict, judge
 from harness.session.config import PROFILES, ProfileName, parse_settings
 from harness.session.execution import Distribution
-from workloads.generative import LoadSource, launcher_for
+from workloads.lib.generative import LoadSource, launcher_for
 
 TICK = 1 / 1024  # times on a binary grid: shifting by powers of two is exact
 QUICK = PROFILES[ProfileName.QUICK].policy

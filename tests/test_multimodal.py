@@ -26,8 +26,8 @@ from harness.engine import EngineConfig, GenerationRequest, Message, registry
 from harness.engine.media import ImageInput
 from harness.exceptions import UsageError
 from tests.support.fault_server import serve_app
-from workloads import datasets
-from workloads.mmimages import (
+from workloads.lib import datasets
+from workloads.lib.mmimages import (
     ImageReadError,
     ImageSpecError,
     image_size,

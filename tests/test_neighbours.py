@@ -292,7 +292,7 @@ TRAFFIC_TEST = """
 import hashlib, json
 import numpy as np
 from harness.load.arrivals import Arrivals, OpenLoop
-from workloads import datasets, inputs, prompts, tracegen
+from workloads.lib import datasets, inputs, prompts, tracegen
 
 def _h(value):
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()

@@ -5,7 +5,7 @@ import pytest
 
 from engines.onnxruntime import OnnxRuntimeEngine
 from harness.engine import EngineConfig, EngineError, TensorEngine
-from workloads import models
+from workloads.lib import models
 
 onnxruntime = pytest.importorskip("onnxruntime")
 

@@ -415,7 +415,7 @@ def test_the_load_stops_before_the_session_when_tensorrt_is_missing(
     fake_ort, tmp_path, monkeypatch
 ):
     pytest.importorskip("onnx")
-    from workloads import models  # noqa: PLC0415
+    from workloads.lib import models  # noqa: PLC0415
 
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
     _trt_provider(tmp_path, 10)

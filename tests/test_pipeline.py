@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from workloads.pipeline import (
+from workloads.lib.pipeline import (
     Corpus,
     Limits,
     Tolerance,
@@ -21,7 +21,7 @@ from workloads.pipeline import (
     serial,
     stage_pass,
 )
-from workloads.preprocess import Transform
+from workloads.lib.preprocess import Transform
 
 CORPUS = Corpus(("a.jpg", "b.png", "c.jpeg"), (b"A", b"B", b"C"), "test")
 

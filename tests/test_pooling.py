@@ -29,7 +29,7 @@ from harness.load.pooldriver import PoolDriver, PoolOutcome, PoolTrace, summariz
 from harness.results.records import Status
 from tests.support.fault_server import serve_app
 from tests.support.runner import run_workloads
-from workloads import embedding
+from workloads.lib import embedding
 
 MODEL = "pooling-double"
 FAIL = "FAIL"

@@ -13,7 +13,7 @@ import pytest
 from harness.metrics.streamtiming import RequestRecord
 from harness.metrics.validity import Policy
 from harness.session.cell import Cell
-from workloads.precision import TOLERANCES, Timed, Tolerance, agreement, interleaved, speedup
+from workloads.lib.precision import TOLERANCES, Timed, Tolerance, agreement, interleaved, speedup
 from workloads.test_precision import _finish_generative
 
 

@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pytest
 
-from workloads import backends, images, preprocess
+from workloads.lib import backends, images, preprocess
 
 Image = pytest.importorskip("PIL.Image")
 pytest.importorskip("cv2")

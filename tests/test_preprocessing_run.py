@@ -15,7 +15,7 @@ from harness.results.records import CellRecord, Status
 from harness.session.outcome import RunExit
 from tests.support.imagefiles import write_small_corpus
 from tests.support.runner import run_workloads
-from workloads import models
+from workloads.lib import models
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from workloads import models, refmodels
+from workloads.lib import models, refmodels
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")

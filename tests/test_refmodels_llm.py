@@ -13,7 +13,7 @@ from importlib.metadata import version
 
 import pytest
 
-from workloads import llm
+from workloads.lib import llm
 
 torch = pytest.importorskip("torch", reason="torch is not installed (tox -e transformers)")
 transformers = pytest.importorskip(
@@ -69,7 +69,7 @@ def test_the_cache_key_says_what_was_built():
 
 
 def test_the_tiny_decoders_key_is_the_one_it_had_so_its_cache_stays_valid():
-    before = {  # what workloads/llm.py hashed before models had names
+    before = {  # what workloads/lib/llm.py hashed before models had names
         "generator": llm.GENERATOR_VERSION,
         "seed": 0,
         "shape": asdict(llm.LlamaShape()),

@@ -29,7 +29,7 @@ from tests.support.isolated import (
     run_unshared,
     write_project,
 )
-from workloads import models
+from workloads.lib import models
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from harness.metrics.streamtiming import RequestRecord
 from harness.report import htmlpage, plots, serverplot
 from tests.support.report_runs import MACHINE, streaming
 from tests.test_openai_http import RECORDED, engine_for, serve, server  # noqa: F401  (fixture)
-from workloads.generative import ServerWatch, watch_server
+from workloads.lib.generative import ServerWatch, watch_server
 
 pytest.importorskip("prometheus_client")
 

@@ -13,7 +13,7 @@ from engines import vllm_server, vllm_speculative
 from engines.openai_http import OpenAIEngine
 from engines.vllm import VllmEngine
 from harness.engine import EngineConfig, counter_delta, counter_totals
-from workloads.generative import engine_counters
+from workloads.lib.generative import engine_counters
 
 RECORDED = Path(__file__).parent / "data" / "vllm-0.32-spec-decode-metrics.txt"
 

@@ -36,8 +36,8 @@ from harness.load.streamstop import (
 )
 from harness.metrics.slo import parse_slos
 from harness.session.config import PROFILES, ProfileName, RunSettings, parse_settings
-from workloads.generative import LoadSource
-from workloads.load import GenerativeTarget, finish_capacity
+from workloads.lib.generative import LoadSource
+from workloads.lib.load import GenerativeTarget, finish_capacity
 
 TOKENS = 10
 OPTIONS = {"max_num_seqs": "1", "token_time_s": "0.001"}

@@ -406,7 +406,7 @@ def expected_logits(image: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def cnn() -> Path:
     pytest.importorskip("onnx")
-    from workloads.models import embedded  # noqa: PLC0415
+    from workloads.lib.models import embedded  # noqa: PLC0415
 
     return embedded("tiny-cnn").path
 

@@ -20,7 +20,7 @@ needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed 
 
 def _embedded(name: str) -> Path:
     pytest.importorskip("onnx")
-    from workloads.models import embedded  # noqa: PLC0415
+    from workloads.lib.models import embedded  # noqa: PLC0415
 
     return embedded(name).path
 
@@ -136,12 +136,12 @@ def test_torch_gives_onnxruntimes_answers_on_the_embedded_models(model, dims):
 @needs_torch
 @pytest.mark.slow  # builds the 100 MB model (seconds)
 def test_torch_gives_onnxruntimes_answers_on_the_reference_resnet50():
-    """The reference set's CNN (workloads/refmodels.py): strided and padded convolutions
+    """The reference set's CNN (workloads/lib/refmodels.py): strided and padded convolutions
     and pooling that the tiny CNN does not have, converted to the same answers."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
     from engines.onnxruntime import OnnxRuntimeEngine  # noqa: PLC0415
-    from workloads.refmodels import embedded  # noqa: PLC0415
+    from workloads.lib.refmodels import embedded  # noqa: PLC0415
 
     path = embedded("resnet50-dynhw").path
     engines = [TorchEngine(EngineConfig(path)), OnnxRuntimeEngine(EngineConfig(path))]

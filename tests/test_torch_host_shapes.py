@@ -32,7 +32,7 @@ from engines.torch import (  # noqa: E402
 )
 from engines.torch_onnx import OnnxModule  # noqa: E402
 from harness.engine import EngineConfig  # noqa: E402
-from workloads.models import embedded  # noqa: E402
+from workloads.lib.models import embedded  # noqa: E402
 
 SCALAR_READS = ("tolist", "item", "__int__", "__index__", "__float__", "__bool__")
 

@@ -1,4 +1,4 @@
-"""workloads.traces: reading Mooncake, Azure and BurstGPT traces, replaying them open loop,
+"""workloads.lib.traces: reading Mooncake, Azure and BurstGPT traces, replaying them open loop,
 and prompts whose shared prefixes follow the trace's hash ids."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workloads.traces import (
+from workloads.lib.traces import (
     FORMATS,
     MOONCAKE_BLOCK,
     Trace,

@@ -19,7 +19,7 @@ from harness.results import store
 from harness.results.records import CellRecord, Manifest
 from harness.results.reportspec import CdfPlot, ReportSpec, TrafficPlot
 from tests.support.report_runs import MACHINE, planned_of, streaming
-from workloads.reporting import TRAFFIC, TTFT_CDF
+from workloads.lib.reporting import TRAFFIC, TTFT_CDF
 
 SPEC = ReportSpec(plots=(TTFT_CDF, TRAFFIC))
 NAME = "traffic-streaming-onnxruntime-concurrency-4"

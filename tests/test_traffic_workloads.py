@@ -16,8 +16,8 @@ from harness.results.records import Status
 from harness.session.outcome import RunExit
 from harness.session.traffic import parse_traffic
 from tests.support.runner import by_prefix_cache, pytest_workloads, run_workloads
-from workloads import traces
-from workloads.tracegen import default_trace
+from workloads.lib import traces
+from workloads.lib.tracegen import default_trace
 
 NULL_GEN = ("--engine=null-gen", "--profile=quick")
 SLOW_TOKENS = "--engine-opt=null-gen.token_time_s=0.005"  # short natural replies still fill 1 s

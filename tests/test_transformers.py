@@ -26,7 +26,7 @@ class TestTransformers(GenerativeConformance):
     @classmethod
     def subject(cls) -> Subject:
         from engines.transformers import TransformersEngine  # noqa: PLC0415
-        from workloads.llm import embedded_llm  # noqa: PLC0415
+        from workloads.lib.llm import embedded_llm  # noqa: PLC0415
 
         return Subject(
             TransformersEngine,

@@ -30,7 +30,7 @@ CONVERSATION = (Message("system", "Answer in one word."), Message("user", "Bada 
 
 @pytest.fixture(scope="module")
 def model() -> Path:
-    from workloads.llm import embedded_llm  # noqa: PLC0415
+    from workloads.lib.llm import embedded_llm  # noqa: PLC0415
 
     return embedded_llm(0)
 

@@ -6,7 +6,7 @@ import pytest
 
 from harness.results.records import Status
 from tests.support.runner import run_workloads
-from workloads import models
+from workloads.lib import models
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ class TestVllm(GenerativeConformance):
     @classmethod
     def subject(cls) -> Subject:
         from engines.vllm import VllmEngine  # noqa: PLC0415
-        from workloads.llm import embedded_llm  # noqa: PLC0415
+        from workloads.lib.llm import embedded_llm  # noqa: PLC0415
 
         return Subject(
             VllmEngine,

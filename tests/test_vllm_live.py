@@ -431,7 +431,7 @@ def test_the_harness_started_server_counts_a_chat_prompt_as_its_template_does(tm
     with no local model (a path that is no directory) benchmarks it all the same."""
     from engines.openai_http import OpenAIEngine  # noqa: PLC0415
     from engines.vllm_server import vllm_server  # noqa: PLC0415
-    from workloads.llm import embedded_llm  # noqa: PLC0415
+    from workloads.lib.llm import embedded_llm  # noqa: PLC0415
 
     model = embedded_llm(0)
     chat_ids = chat_template_ids(model)

@@ -1,7 +1,7 @@
 """LoRA adapters and speculative decoding on the real vLLM (CPU), in process and through the
 harness-started OpenAI server: one engine start per mode serves both, the speculative
 workload's ``on`` cell (n-gram prompt lookup) with ``--lora`` spreading its requests over
-two tiny random adapters (PEFT files written here, workloads/loras.py) and the base model.
+two tiny random adapters (PEFT files written here, workloads/lib/loras.py) and the base model.
 
 The ``off`` cell needs an engine of its own and measures nothing new for vLLM's paths (it
 is the streaming path, covered by tests/test_vllm_live.py), so CI leaves it out: one start
@@ -26,7 +26,7 @@ ADAPTERS = ("sql", "chat")
 
 @pytest.fixture(scope="module")
 def lora_args(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
-    from workloads import llm, loras  # noqa: PLC0415  (torch, transformers: tox -e vllm)
+    from workloads.lib import llm, loras  # noqa: PLC0415  (torch, transformers: tox -e vllm)
 
     model = llm.embedded_llm(0)
     tmp = tmp_path_factory.mktemp("adapters")

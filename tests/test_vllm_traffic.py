@@ -16,8 +16,8 @@ import pytest
 
 from harness.results.records import CellRecord, Status
 from tests.support.runner import Run, by_prefix_cache, run_workloads
-from workloads import traces
-from workloads.tracegen import default_trace
+from workloads.lib import traces
+from workloads.lib.tracegen import default_trace
 
 pytestmark = pytest.mark.slow
 

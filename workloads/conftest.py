@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from harness.api import EngineError, RunSettings, UsageError, settings_of
-from workloads import pipeline, usermodel
-from workloads.generative import model_dir
+from workloads.lib import pipeline, usermodel
+from workloads.lib.generative import model_dir
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -56,7 +56,7 @@ def _check_traffic(settings: RunSettings) -> None:
     in a format not understood, is a usage error naming it and why, before any cell. The
     counts of malformed entries go into each cell's record."""
     from workloads import test_trace  # noqa: PLC0415  (the workload's own reading)
-    from workloads.prompts import user_dataset  # noqa: PLC0415
+    from workloads.lib.prompts import user_dataset  # noqa: PLC0415
 
     traffic = settings.traffic
     try:

@@ -33,9 +33,9 @@ from harness.api import (
     stats,
     summarize_trace,
 )
-from workloads import inputs, reporting
-from workloads.load import timed_batch
-from workloads.usermodel import open_model
+from workloads.lib import inputs, reporting
+from workloads.lib.load import timed_batch
+from workloads.lib.usermodel import open_model
 
 DISTINCT_INPUTS = 64
 MODEL = "tiny-cnn"

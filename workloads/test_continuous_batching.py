@@ -17,8 +17,8 @@ import pytest
 from engines import transformers_server
 from engines.vllm_server import SERVER_DEFAULTS
 from harness.api import Cell, Driver, MonotonicClock, OpenEngine, OpenLoop, ReportSpec, RunSettings
-from workloads import reporting
-from workloads.generative import (
+from workloads.lib import reporting
+from workloads.lib.generative import (
     engine_counters,
     finish,
     make_requests,

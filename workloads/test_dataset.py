@@ -2,7 +2,7 @@
 
 The requests are the prompts or conversations of ``--dataset FILE`` (ShareGPT JSON, JSONL
 with ``prompt`` or ``messages``, json/csv/parquet through Hugging Face ``datasets``) or,
-without it, the generated synthetic conversations (workloads/datasets.py): text and chat
+without it, the generated synthetic conversations (workloads/lib/datasets.py): text and chat
 go through the model's tokenizer and chat template in process, or to ``/v1/completions``
 and ``/v1/chat/completions`` over HTTP. Reply lengths follow ``--output-mode``: fixed
 (``ignore_eos``), the dataset's reference lengths, or natural end of sequence capped by
@@ -22,8 +22,8 @@ from dataclasses import replace
 import pytest
 
 from harness.api import Cell, OpenEngine, ReportSpec, RunSettings, settings_of
-from workloads import datasets, reporting
-from workloads.generative import (
+from workloads.lib import datasets, reporting
+from workloads.lib.generative import (
     engine_counters,
     finish,
     load_source,
@@ -31,7 +31,7 @@ from workloads.generative import (
     traffic_samples,
     watch_server,
 )
-from workloads.prompts import (
+from workloads.lib.prompts import (
     engine_context,
     input_counter,
     server_model,

@@ -6,7 +6,7 @@ Each request carries ``batch`` inputs: an ``/v1/embeddings`` call with an ``inpu
 (engines/vllm_pooling.py). Closed loop (users that send their next request when the last
 ends, over the profile's shortest valid window and at least its request count) and open
 loop (Poisson arrivals at a request rate, latency from each request's scheduled time);
-inputs from the generated text or the user's ``--dataset`` (workloads/embedding.py).
+inputs from the generated text or the user's ``--dataset`` (workloads/lib/embedding.py).
 
 Latency is the whole request's (``e2e``; ``--slo e2e_p99=...`` holds it). Throughput is
 counted in requests, inputs and prompt tokens per second of the window; ``recommend``
@@ -38,7 +38,7 @@ from harness.api import (
     slo_verdicts,
     summarize_pooling,
 )
-from workloads import embedding, reporting
+from workloads.lib import embedding, reporting
 
 KINDS = ("embed", "score", "rerank")
 BATCHES = (1, 16)

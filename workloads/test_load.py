@@ -52,9 +52,9 @@ from harness.api import (
     slos_on,
     sweep,
 )
-from workloads import inputs, reporting
-from workloads.generative import load_source, model_dir, vocab_size
-from workloads.load import (
+from workloads.lib import inputs, reporting
+from workloads.lib.generative import load_source, model_dir, vocab_size
+from workloads.lib.load import (
     GenerativeTarget,
     TensorTarget,
     finish_capacity,
@@ -62,7 +62,7 @@ from workloads.load import (
     finish_soak,
     finish_sweep,
 )
-from workloads.usermodel import open_model
+from workloads.lib.usermodel import open_model
 
 Target = TypeVar("Target", TensorTarget, GenerativeTarget)
 

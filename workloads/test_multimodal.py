@@ -1,7 +1,7 @@
 """Multimodal chat: streaming chat requests that carry images, TTFT and E2E by image
 count and size.
 
-Each cell declares its images (``workloads.mmimages`` spec: a count and a size drawn per
+Each cell declares its images (``workloads.lib.mmimages`` spec: a count and a size drawn per
 request) and a load: one user in a closed loop (single-stream latency) or Poisson
 arrivals. Every request has its own synthetic images (seeded, so no engine's image
 cache can flatter a cell) and a short text question; replies are asked ``OUTPUT`` tokens
@@ -14,10 +14,10 @@ TTFT is not split into vision encoder and prefill: vLLM 0.32 reports neither per
 (``RequestStateStats`` has queue, schedule and first-token times only) nor as a metric
 (its Prometheus registry counts multimodal cache queries and hits, no encoder time), so
 the record says ``ttft_split: null`` and why. The model is ``--model`` (a vision-language
-model), else the embedded tiny LLaVA (``workloads.vlm``), which vLLM CPU runs on its
+model), else the embedded tiny LLaVA (``workloads.lib.vlm``), which vLLM CPU runs on its
 Transformers backend (``model_impl=transformers``: engines/vllm_media.py says why).
 Images in the user's own ``--dataset`` are sent by the dataset workload
-(workloads/dataset_images.py).
+(workloads/lib/dataset_images.py).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from harness.api import (
     RequestRecord,
     RunSettings,
 )
-from workloads import reporting
-from workloads.datasets import synthetic_text
-from workloads.generative import (
+from workloads.lib import reporting
+from workloads.lib.datasets import synthetic_text
+from workloads.lib.generative import (
     engine_counters,
     finish,
     load_source,
@@ -48,8 +48,8 @@ from workloads.generative import (
     traffic_samples,
     watch_server,
 )
-from workloads.mmimages import ImageSpec, parse_image_spec, request_samples, synthetic_images
-from workloads.prompts import NO_LOCAL_MODEL, server_model
+from workloads.lib.mmimages import ImageSpec, parse_image_spec, request_samples, synthetic_images
+from workloads.lib.prompts import NO_LOCAL_MODEL, server_model
 
 SPECS = {
     "1img-224": "count=1,size=224x224",
@@ -124,7 +124,7 @@ def vision_model(settings: RunSettings, engine: str) -> tuple[Path, dict[str, st
     model = server_model(settings, engine)
     if settings.model is not None or model == NO_LOCAL_MODEL:
         return model, {}
-    from workloads import llm, vlm  # noqa: PLC0415  (builds with torch/transformers)
+    from workloads.lib import llm, vlm  # noqa: PLC0415  (builds with torch/transformers)
 
     if missing := llm.missing_libraries():
         pytest.skip(f"the embedded tiny VLM {llm.needs(missing)}, or give --model DIR")

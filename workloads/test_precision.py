@@ -38,9 +38,9 @@ from harness.api import (
     stats,
     summarize_stream,
 )
-from workloads import inputs, modelset
-from workloads.generative import make_requests, model_dir, open_generative, vocab_size
-from workloads.precision import (
+from workloads.lib import inputs, modelset
+from workloads.lib.generative import make_requests, model_dir, open_generative, vocab_size
+from workloads.lib.precision import (
     TOKEN_TOLERANCE,
     TOLERANCES,
     agreement,
@@ -48,10 +48,10 @@ from workloads.precision import (
     speedup,
     token_agreement,
 )
-from workloads.usermodel import fixed_batch, user_model
+from workloads.lib.usermodel import fixed_batch, user_model
 
 PRECISIONS = ("fp16", "bf16", "int8")
-EMBEDDED = ("tiny-cnn", "tiny-encoder")  # as named in the tiny set (workloads.modelset)
+EMBEDDED = ("tiny-cnn", "tiny-encoder")  # as named in the tiny set (workloads.lib.modelset)
 CLASSIFIERS = ("tiny-cnn",)
 BATCH = 8
 POOL = 8

@@ -38,11 +38,11 @@ from harness.api import (
     settings_of,
     stats,
 )
-from workloads import pipeline, reporting
-from workloads.backends import BACKENDS, REFERENCE, make
-from workloads.pipeline import Corpus, Limits, Tolerance, Window
-from workloads.preprocess import Preprocessor, Transform, Unavailable
-from workloads.usermodel import open_model
+from workloads.lib import pipeline, reporting
+from workloads.lib.backends import BACKENDS, REFERENCE, make
+from workloads.lib.pipeline import Corpus, Limits, Tolerance, Window
+from workloads.lib.preprocess import Preprocessor, Transform, Unavailable
+from workloads.lib.usermodel import open_model
 
 TOLERANCE = Tolerance()
 MODEL = "tiny-cnn"

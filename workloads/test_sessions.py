@@ -39,8 +39,8 @@ from harness.api import (
     settings_of,
     stats,
 )
-from workloads import datasets, reporting
-from workloads.generative import (
+from workloads.lib import datasets, reporting
+from workloads.lib.generative import (
     HEADLINE,
     engine_counters,
     finish,
@@ -50,7 +50,7 @@ from workloads.generative import (
     traffic_samples,
     watch_server,
 )
-from workloads.prompts import (
+from workloads.lib.prompts import (
     engine_context,
     input_counter,
     server_model,

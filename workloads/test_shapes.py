@@ -38,10 +38,10 @@ from harness.api import (
     settings_of,
     stats,
 )
-from workloads import inputs, models, modelset
-from workloads.usermodel import open_model
+from workloads.lib import inputs, models, modelset
+from workloads.lib.usermodel import open_model
 
-EMBEDDED = ("tiny-encoder", "tiny-cnn-dynhw")  # as named in the tiny set (workloads.modelset)
+EMBEDDED = ("tiny-encoder", "tiny-cnn-dynhw")  # as named in the tiny set (workloads.lib.modelset)
 MODES = ("fixed", "dynamic", "bucketed")
 INT_HIGH = models.VOCAB
 

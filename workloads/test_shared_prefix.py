@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from harness.api import Cell, GenerationRequest, OpenEngine, ReportSpec, RunSettings
-from workloads import reporting
-from workloads.generative import (
+from workloads.lib import reporting
+from workloads.lib.generative import (
     FIRST_ID,
     engine_counters,
     finish,
@@ -35,8 +35,8 @@ from workloads.generative import (
     vocab_size,
     watch_server,
 )
-from workloads.inputs import lengths
-from workloads.prompts import NO_LOCAL_MODEL, engine_context, server_model
+from workloads.lib.inputs import lengths
+from workloads.lib.prompts import NO_LOCAL_MODEL, engine_context, server_model
 
 SHARED = [(4, 512)]  # (system prompts, tokens each)
 USER = (32, 8, 96)  # median, min, max tokens of the user's own part

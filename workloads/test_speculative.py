@@ -3,7 +3,7 @@
 Requests whose replies can repeat their prompts (a prompt is a short phrase of its own
 repeated, then a unique tail; replies of fixed length with ``ignore_eos``) go, closed
 loop, to the engine with speculative decoding off, then on (n-gram prompt lookup: no
-draft model; ``workloads.features.SPECULATIVE_ON``). ``speculative`` off and on are the
+draft model; ``workloads.lib.features.SPECULATIVE_ON``). ``speculative`` off and on are the
 contenders, the same requests in the same order. The engine's own counters give, for the
 ``on`` cell, the acceptance rate (draft tokens accepted / proposed) and the tokens a
 request gains per decoding step (1 + accepted / drafts, vLLM's mean acceptance length):
@@ -21,8 +21,8 @@ import pytest
 
 from engines import vllm_speculative
 from harness.api import Cell, GenerationRequest, Headline, OpenEngine, ReportSpec, RunSettings
-from workloads import features, reporting
-from workloads.generative import (
+from workloads.lib import features, reporting
+from workloads.lib.generative import (
     FIRST_ID,
     HEADLINE,
     engine_counters,
@@ -32,7 +32,7 @@ from workloads.generative import (
     vocab_size,
     watch_server,
 )
-from workloads.prompts import NO_LOCAL_MODEL, server_model
+from workloads.lib.prompts import NO_LOCAL_MODEL, server_model
 
 PHRASE = 12  # tokens of the phrase a prompt repeats
 REPEATS = 6

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.api import Cell, GenerationRequest, OpenEngine, ReportSpec, RunSettings
-from workloads import reporting
-from workloads.generative import (
+from workloads.lib import reporting
+from workloads.lib.generative import (
     engine_counters,
     finish,
     load_source,
@@ -23,7 +23,7 @@ from workloads.generative import (
     vocab_size,
     watch_server,
 )
-from workloads.prompts import NO_LOCAL_MODEL, server_model, text_requests
+from workloads.lib.prompts import NO_LOCAL_MODEL, server_model, text_requests
 
 PROMPT = (64, 16, 256)  # median, min, max tokens
 OUTPUT = (32, 8, 64)

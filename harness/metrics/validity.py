@@ -30,7 +30,7 @@ SATURATED = "saturated:"
 TRENDING = "latency trends over the window:"
 """Latency rose or fell materially from the first third of the requests to the last."""
 DRIFTED = "latency drifted:"
-"""The soak's last window p99 above twice its first's (``workloads.load._drift_warnings``)."""
+"""The soak's last window p99 above twice its first's (``workloads.lib.load._drift_warnings``)."""
 UNSTABLE_LATENCY = (SATURATED, TRENDING, DRIFTED)
 
 # The start of each invalid reason ``judge`` writes about the *measurement*, not the

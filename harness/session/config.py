@@ -124,7 +124,7 @@ class RunSettings:
     clients: int = 1
     """Client processes that share the load of an HTTP engine (harness.load.clients);
     ``AUTO_CLIENTS`` (0): as many as the cell's offered load needs, from the measured
-    ceiling of one client process (workloads/clientceiling.py)."""
+    ceiling of one client process (workloads/lib/clientceiling.py)."""
     clients_on: ClientsOn = ClientsOn.LOCAL
     reliability: Reliability = field(default_factory=Reliability)
     dist: Distribution = field(default_factory=Distribution)

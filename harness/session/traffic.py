@@ -3,7 +3,7 @@ replay, and how long replies may be; validated once, at configuration time.
 
 The harness checks what it can without knowing a file format (the file exists and is a
 file, the named format is one the workloads read, the scaling makes sense); the dataset
-and trace workloads read the files (workloads/datasets.py, workloads/traces.py).
+and trace workloads read the files (workloads/lib/datasets.py, workloads/lib/traces.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the models people benchmark, generated locally from a seed (random weights, no d
 * ``resnet50-dynhw``: the same network with dynamic height and width;
 * ``bert-base``: a BERT-base-shaped encoder (12 layers, hidden 768, 12 heads, FFN 3072,
   vocab 30522, up to 512 positions) built by the tiny encoder's own builder
-  (``workloads.models.build_encoder``), so its inputs, output and masking are the tiny
+  (``workloads.lib.models.build_encoder``), so its inputs, output and masking are the tiny
   one's: ``input_ids``/``attention_mask`` int64 [batch, sequence] -> masked mean-pooled
   ``embedding`` [batch, 768].
 
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from harness.api import announce
-from workloads.models import (
+from workloads.lib.models import (
     OPSET,
     EmbeddedModel,
     EncoderShape,

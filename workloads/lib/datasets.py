@@ -52,7 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.api import GenerationRequest, ImageInput, Message, UsageError
-from workloads import dataset_images
+from workloads.lib import dataset_images
 
 OutputMode = Literal["fixed", "reference", "natural"]
 LengthUnit = Literal["tokens", "words"]

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import psutil
 
-from workloads import images
-from workloads.backends import make
-from workloads.preprocess import (
+from workloads.lib import images
+from workloads.lib.backends import make
+from workloads.lib.preprocess import (
     Batch,
     DecodeError,
     PilPreprocessor,

@@ -1,4 +1,4 @@
-"""NVIDIA DALI preprocessing: the same contract as ``workloads.preprocess``, as a DALI graph.
+"""NVIDIA DALI preprocessing: the same contract as ``workloads.lib.preprocess``, as a DALI graph.
 
 ``dali-cpu`` runs every operator on the CPU (``device_id=None``); ``dali-gpu`` decodes
 with ``device="mixed"`` (nvJPEG) and resizes and normalizes on the GPU, then copies the
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads.preprocess import Batch, Transform, Unavailable
+from workloads.lib.preprocess import Batch, Transform, Unavailable
 
 INTERPOLATION = "DALI INTERP_LINEAR, antialias=True, subpixel_scale=False"
 STAGES_ON_GPU = "not split: DALI's GPU operators run asynchronously on one stream"

@@ -49,8 +49,8 @@ from harness.api import (
     summarize_trace,
     with_early_stop,
 )
-from workloads import inputs
-from workloads.generative import LoadSource, Sent, make_requests
+from workloads.lib import inputs
+from workloads.lib.generative import LoadSource, Sent, make_requests
 
 Array = npt.NDArray[np.float64]
 

@@ -5,7 +5,7 @@ Contract (every backend): decode to RGB; resize so the shorter side is
 interpolation that antialiases when shrinking; center-crop ``Transform.crop`` square;
 subtract ``mean`` and divide by ``std`` per channel (0..255 scale); NCHW float32.
 
-The DALI backends (``workloads.dali``) resize with DALI's linear filter, antialiased,
+The DALI backends (``workloads.lib.dali``) resize with DALI's linear filter, antialiased,
 scale taken from the rounded output size (``subpixel_scale=False``, as PIL does).
 
 Backends differ only where their libraries do: PIL's bilinear filter widens its

@@ -1,6 +1,6 @@
 """Image references in the user's dataset rows, resolved and checked when the file is read.
 
-Two forms are read (``workloads.datasets`` calls ``extract`` on the rows it read):
+Two forms are read (``workloads.lib.datasets`` calls ``extract`` on the rows it read):
 
 * OpenAI chat content lists: a turn's ``content`` (or ShareGPT ``value``) is a list of
   ``{"type": "text", "text": ...}`` and ``{"type": "image_url", "image_url": {"url":
@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from harness.api import ImageInput
-from workloads.mmimages import ImageReadError, read_data_url, read_image_file
+from workloads.lib.mmimages import ImageReadError, read_data_url, read_image_file
 
 IMAGES_KEY = "__harness_images__"
 """Where a row carries its resolved images from ``extract`` to the entry built from it."""

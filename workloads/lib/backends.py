@@ -1,11 +1,11 @@
-"""The preprocessing backends by name: the CPU baselines (``workloads.preprocess``) and
-NVIDIA DALI (``workloads.dali``). Both build on ``workloads.preprocess``; this module is
+"""The preprocessing backends by name: the CPU baselines (``workloads.lib.preprocess``) and
+NVIDIA DALI (``workloads.lib.dali``). Both build on ``workloads.lib.preprocess``; this module is
 the one that knows all of them, so neither imports the other."""
 
 from __future__ import annotations
 
-from workloads.dali import DaliPreprocessor
-from workloads.preprocess import OpenCvPreprocessor, PilPreprocessor, Preprocessor, Transform
+from workloads.lib.dali import DaliPreprocessor
+from workloads.lib.preprocess import OpenCvPreprocessor, PilPreprocessor, Preprocessor, Transform
 
 BACKENDS = ("dali-cpu", "dali-gpu", "pil", "opencv")
 REFERENCE = "pil"

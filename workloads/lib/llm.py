@@ -3,7 +3,7 @@
 * ``tiny-llama`` (``TINY``): hidden 128, 2 layers, 2 heads of 64, float32; the CPU's;
 * ``llama-1b`` (``LLAMA_1B``): Llama-3.2-1B's layers (hidden 2048, 16 layers, 32 query
   and 8 key-value heads of 64, MLP 8192), 0.98 billion parameters, saved in bf16 (2 GB
-  on disk); the GPU's (``workloads.modelset``). Its vocabulary is the tokenizer's 1024
+  on disk); the GPU's (``workloads.lib.modelset``). Its vocabulary is the tokenizer's 1024
   tokens, not Llama's 128k: random weights would emit ids that no token stands for, and
   the 16 layers hold all but 0.4 % of the parameters anyway.
 
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import announce
-from workloads.models import cache_dir
+from workloads.lib.models import cache_dir
 
 GENERATOR_VERSION = 2  # 2: the tokenizer has a chat template
 

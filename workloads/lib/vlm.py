@@ -2,7 +2,7 @@
 
 ``tiny-llava``: a CLIP vision tower (image 56x56, patches of 14, hidden 64, 2 layers)
 whose 16 patch features (CLS dropped: ``vision_feature_select_strategy="default"``) a
-two-layer projector maps into the tiny Llama's embedding space (``workloads.llm``'s
+two-layer projector maps into the tiny Llama's embedding space (``workloads.lib.llm``'s
 shape and tokenizer, plus an ``<image>`` token). An image is then 16 prompt tokens,
 whatever its size: the processor resizes and centre-crops it to 56x56, as LLaVA-1.5's
 does to 336x336; the image's own size costs the processor (decode, resize) and the
@@ -28,8 +28,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from workloads.llm import TINY, _tokenizer, built_once, config_for
-from workloads.models import cache_dir
+from workloads.lib.llm import TINY, _tokenizer, built_once, config_for
+from workloads.lib.models import cache_dir
 
 GENERATOR_VERSION = 1
 NAME = "tiny-llava"
@@ -50,7 +50,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
 )
-"""The text model's template (``workloads.llm.CHAT_TEMPLATE``), where a turn's content
+"""The text model's template (``workloads.lib.llm.CHAT_TEMPLATE``), where a turn's content
 may be a list of parts: each image part is one ``<image>`` placeholder, which the
 processor expands to the image's 16 tokens."""
 

@@ -10,8 +10,8 @@ Files are cached by content hash under ``$HARNESS_CACHE_DIR`` (default
 * ``tiny-encoder``: transformer text encoder, ``input_ids``/``attention_mask`` int64
   [batch, sequence] -> masked mean-pooled ``embedding`` [batch, 128]
 
-Their reference-sized counterparts (ResNet-50, BERT-base) are in ``workloads.refmodels``;
-``workloads.modelset`` picks between the two sets.
+Their reference-sized counterparts (ResNet-50, BERT-base) are in ``workloads.lib.refmodels``;
+``workloads.lib.modelset`` picks between the two sets.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ DYNAMIC_DIMS_ALL = ("height", "width", "sequence")
 @dataclass(frozen=True)
 class EncoderShape:
     """A text encoder's size; ``build_encoder`` builds any, with the same inputs, output
-    and semantics (``workloads.refmodels`` has the BERT-base-sized one)."""
+    and semantics (``workloads.lib.refmodels`` has the BERT-base-sized one)."""
 
     graph: str = "tiny_encoder"
     vocab: int = VOCAB

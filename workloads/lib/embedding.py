@@ -30,10 +30,10 @@ from harness.api import (
     PoolingRequest,
     RunSettings,
 )
-from workloads import datasets
-from workloads.generative import open_generative
-from workloads.inputs import lengths
-from workloads.prompts import remote_server, server_model, traffic_label
+from workloads.lib import datasets
+from workloads.lib.generative import open_generative
+from workloads.lib.inputs import lengths
+from workloads.lib.prompts import remote_server, server_model, traffic_label
 
 DEFAULT_NAME = "synthetic-text"
 """The generated inputs' name (the ``dataset`` parameter of a cell without ``--dataset``)."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.api import ModelSet, RunSettings
-from workloads import models, refmodels
-from workloads.models import EmbeddedModel
+from workloads.lib import models, refmodels
+from workloads.lib.models import EmbeddedModel
 
 REFERENCE_OF = {
     "tiny-cnn": "resnet50",

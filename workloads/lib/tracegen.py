@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.api import cache_root
-from workloads.inputs import lengths
+from workloads.lib.inputs import lengths
 
 VERSION = 2
 REQUESTS = 240

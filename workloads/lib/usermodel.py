@@ -38,7 +38,7 @@ from engines.onnxprep import (
     make_batch_dynamic,
 )
 from harness.api import Family, RunSettings, TensorSpec, cache_root, registry
-from workloads import inputs, models, modelset
+from workloads.lib import inputs, models, modelset
 
 MODEL_FREE = frozenset({"null"})
 """Tensor engines that read no model file."""
@@ -244,8 +244,8 @@ def _sizes(sizes: Collection[int]) -> str:
 def open_model(
     open_engine: Any, cell: Any, settings: Any, default: str, batches: Collection[int] = (1,)
 ) -> Any:
-    """Load ``--model`` if given (as ``workloads.usermodel`` prepared it), else the embedded
-    model that stands for ``default`` in the run's model set (``workloads.modelset``), as
+    """Load ``--model`` if given (as ``workloads.lib.usermodel`` prepared it), else the embedded
+    model that stands for ``default`` in the run's model set (``workloads.lib.modelset``), as
     a tensor engine of the cell; skips the cell when the model's fixed batch dimension
     cannot take the ``batches`` sizes the cell sends."""
     from harness.api import EngineError, TensorEngine  # noqa: PLC0415

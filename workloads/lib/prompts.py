@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from harness.api import GenerationRequest, RunSettings
-from workloads import datasets
-from workloads.generative import NO_LOCAL_MODEL, model_dir
-from workloads.inputs import lengths
+from workloads.lib import datasets
+from workloads.lib.generative import NO_LOCAL_MODEL, model_dir
+from workloads.lib.inputs import lengths
 
 
 def traffic_label(path: Path | None, default: str) -> str:

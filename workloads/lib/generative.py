@@ -56,8 +56,8 @@ from harness.api import (
     servermetrics,
     summarize_stream,
 )
-from workloads import clientceiling, features
-from workloads.inputs import lengths
+from workloads.lib import clientceiling, features
+from workloads.lib.inputs import lengths
 
 NO_LOCAL_MODEL = Path(os.devnull)
 """The model of a server the user runs, when no ``--model`` names a local copy: the
@@ -67,12 +67,12 @@ FIRST_ID = 4  # ids below are the tokenizer's special tokens (<s>, </s>, <unk>, 
 
 
 def model_dir(settings: RunSettings) -> Path:
-    """``--model``, or the embedded LLM of the run's model set (``workloads.modelset``: the
+    """``--model``, or the embedded LLM of the run's model set (``workloads.lib.modelset``: the
     tiny Llama, or the 1B one), built on first use; a cell that needs the latter where
     its libraries are missing is skipped, saying what to install."""
     if settings.model is not None:
         return settings.model
-    from workloads import llm, modelset  # noqa: PLC0415  (builds with torch/transformers)
+    from workloads.lib import llm, modelset  # noqa: PLC0415  (builds with torch/transformers)
 
     spec = llm.SPECS[modelset.chosen(llm.TINY.name, settings.model_set)]
     if missing := llm.missing_libraries():
@@ -84,7 +84,7 @@ def model_dir(settings: RunSettings) -> Path:
 def describe_embedded(cell: Cell, model: Path) -> None:
     """Which embedded LLM a cell ran (its name, shape, dtype, build), in its record."""
     if (model / "harness-model.json").is_file():
-        from workloads import llm  # noqa: PLC0415
+        from workloads.lib import llm  # noqa: PLC0415
 
         cell.engine_info["embedded_model"] = llm.describe(model)
 
