@@ -16,7 +16,8 @@ import pytest
 
 from harness.exceptions import UsageError
 from harness.load import noopserver
-from harness.session.config import AUTO_CLIENTS, PROFILES, ProfileName, parse_settings
+from harness.session.config import AUTO_CLIENTS, PROFILES, ProfileName
+from harness.session.pytestoptions import parse_settings
 from tests.support.runner import run_workloads
 from workloads.lib import clientceiling
 from workloads.lib.clientceiling import Ceiling, clients_for, warning
@@ -44,7 +45,7 @@ def test_the_warning_names_the_load_and_the_ceiling() -> None:
 
 def settings(clients: str, engine: str = "null"):  # type: ignore[no-untyped-def]
     return parse_settings(
-        engines=[engine], device="cpu", profile="quick", results_dir="r", seed=0, clients=clients
+        engine=[engine], device="cpu", profile="quick", results_dir="r", seed=0, clients=clients
     )
 
 

@@ -6,13 +6,14 @@ import pytest
 
 from harness.exceptions import UsageError
 from harness.results.records import Manifest
-from harness.session.config import PROFILES, ProfileName, parse_settings
+from harness.session.config import PROFILES, ProfileName
 from harness.session.execution import ClientsOn, Dist, Distribution, parse_dist
+from harness.session.pytestoptions import parse_settings
 from harness.session.state import check_resumable
 
 
 def settings(**kw):
-    base = dict(engines=None, device="cpu", profile="quick", results_dir="results/runs", seed=0)
+    base = dict(engine=None, device="cpu", profile="quick", results_dir="results/runs", seed=0)
     base.update(kw)
     return parse_settings(**base)
 
@@ -26,7 +27,7 @@ def test_defaults_are_the_embedded_quick_run():
 
 
 def test_engines_split_on_commas_and_deduplicate():
-    assert settings(engines=["onnxruntime", "onnxruntime,onnxruntime"]).engines == ("onnxruntime",)
+    assert settings(engine=["onnxruntime", "onnxruntime,onnxruntime"]).engines == ("onnxruntime",)
 
 
 def test_overrides_replace_profile_windows():
@@ -43,7 +44,7 @@ def test_model_path_is_resolved(tmp_path):
 
 
 def test_dims_and_engine_options_parse():
-    s = settings(dims=["sequence=128"], engine_options=["onnxruntime.intra_op_threads=1"])
+    s = settings(dim=["sequence=128"], engine_opt=["onnxruntime.intra_op_threads=1"])
     assert s.dims == {"sequence": 128}
     assert s.engine_options == {"onnxruntime": {"intra_op_threads": "1"}}
     assert s.to_json()["engine_options"] == {"onnxruntime": {"intra_op_threads": "1"}}
@@ -55,8 +56,8 @@ def test_dims_and_engine_options_parse():
         ({"device": "cuda:x"}, "use cpu, cuda or cuda:N"),
         ({"device": "cpu:0"}, "use cpu, cuda or cuda:N"),
         ({"window": 0.0}, "--window must be a positive"),
-        ({"dims": ["noequals"]}, "expected KEY=VALUE"),
-        ({"dims": ["h=0"]}, "positive integer"),
+        ({"dim": ["noequals"]}, "expected KEY=VALUE"),
+        ({"dim": ["h=0"]}, "positive integer"),
     ],
 )
 def test_usage_errors(kw, message):
@@ -82,7 +83,7 @@ def test_images_must_be_a_folder_with_images(tmp_path):
 
 def test_resume_accepts_older_manifests_and_another_distribution():
     settings = parse_settings(
-        engines=["null"], device="cpu", profile="quick", results_dir="r", seed=0
+        engine=["null"], device="cpu", profile="quick", results_dir="r", seed=0
     )
     old = settings.to_json()
     del old["clients"]  # written before --clients existed
@@ -96,14 +97,18 @@ def test_resume_accepts_older_manifests_and_another_distribution():
 
 def test_clients_on_ray_is_validated_at_configuration(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    two = dict(engines=["openai"], clients=2)
+    real = importlib.util.find_spec  # Ray stands as installed
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "ray" else real(name)
+    )
+    two = dict(engine=["openai"], clients=2)
     with pytest.raises(UsageError, match="--clients-on 'mars': choose local or ray"):
         settings(**two, clients_on="mars")
     with pytest.raises(UsageError, match=r"give --clients N \(N >= 2\)"):
-        settings(engines=["openai"], clients_on="ray")
+        settings(engine=["openai"], clients_on="ray")
     with pytest.raises(UsageError, match="needs the cluster: give --ray-address"):
         settings(**two, clients_on="ray")
-    on_cluster = settings(**two, clients_on="ray", dist=Distribution(address="10.0.0.1:6379"))
+    on_cluster = settings(**two, clients_on="ray", ray_address="10.0.0.1:6379")
     assert on_cluster.clients_on is ClientsOn.RAY
     assert on_cluster.to_json()["clients_on"] == "ray"
     # a --cells-on=ray node: the cluster it runs on comes in RAY_ADDRESS
@@ -149,14 +154,14 @@ def test_a_window_no_cell_can_be_valid_in_is_refused(profile, window, floor):
         ({"slo": "e2e_p99=1s,e2e_p99.9=2s"}, None),
         (
             {
-                "engine_options": [
+                "engine_opt": [
                     "onnxruntime.intra_op_threads=1",
                     "onnxruntime.intra_op_threads=2",
                 ]
             },
             "--engine-opt onnxruntime.intra_op_threads is given twice ('1' and '2')",
         ),
-        ({"dims": ["sequence=8", "sequence=16"]}, "--dim sequence is given twice"),
+        ({"dim": ["sequence=8", "sequence=16"]}, "--dim sequence is given twice"),
     ],
 )
 def test_ambiguous_or_malformed_values_are_usage_errors(kw, message):

@@ -32,7 +32,8 @@ from harness.load.saturation import EarlyStop, EarlyStopRule, Watch
 from harness.load.serve_summary import summarize_trace
 from harness.load.serving import NoBatching, ServeTrace, serve_open_loop
 from harness.metrics.slo import parse_slos
-from harness.session.config import PROFILES, ProfileName, RunSettings, parse_settings
+from harness.session.config import PROFILES, ProfileName, RunSettings
+from harness.session.pytestoptions import parse_settings
 from tests.support.fakes import FakeClock
 from workloads.lib.load import measured
 
@@ -182,7 +183,7 @@ def test_without_a_watch_the_same_point_runs_and_drains_in_full() -> None:
 
 def settings(tmp_path: Path) -> RunSettings:
     return parse_settings(
-        engines=["null"], device="cpu", profile="quick", results_dir=str(tmp_path), seed=0
+        engine=["null"], device="cpu", profile="quick", results_dir=str(tmp_path), seed=0
     )
 
 
@@ -255,7 +256,7 @@ def test_early_stop_is_on_by_default_and_the_option_turns_it_off(tmp_path: Path)
     assert settings(tmp_path).early_stop is True
     assert settings(tmp_path).to_json()["early_stop"] is True
     off = parse_settings(
-        engines=["null"],
+        engine=["null"],
         device="cpu",
         profile="quick",
         results_dir=str(tmp_path),
@@ -265,7 +266,7 @@ def test_early_stop_is_on_by_default_and_the_option_turns_it_off(tmp_path: Path)
     assert off.early_stop is False
     with pytest.raises(UsageError, match=r"--early-stop 'maybe': choose on or off"):
         parse_settings(
-            engines=["null"],
+            engine=["null"],
             device="cpu",
             profile="quick",
             results_dir=str(tmp_path),

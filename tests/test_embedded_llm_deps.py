@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.session.config import parse_settings
+from harness.session.pytestoptions import parse_settings
 from workloads.lib import generative
 
 
@@ -25,7 +25,7 @@ def test_missing_llm_libraries_skip_the_cell_saying_what_to_install(monkeypatch)
 
     monkeypatch.setattr(importlib.util, "find_spec", without_transformers)
     with pytest.raises(pytest.skip.Exception) as skipped:
-        generative.model_dir(settings(engines=["null-gen"]))
+        generative.model_dir(settings(engine=["null-gen"]))
     assert str(skipped.value) == (
         "the embedded tiny LLM needs transformers and tokenizers, which are not installed:"
         " pip install -e '.[llm]', or give --model DIR"
@@ -46,12 +46,12 @@ def test_the_skip_names_only_what_is_missing(monkeypatch, missing, said):
     found = importlib.util.find_spec("json")
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n in missing else found)
     with pytest.raises(pytest.skip.Exception) as skipped:
-        generative.model_dir(settings(engines=["null-gen"]))
+        generative.model_dir(settings(engine=["null-gen"]))
     assert str(skipped.value).startswith(f"the embedded tiny LLM {said}")
     assert "built with" not in str(skipped.value)
 
 
 def test_a_given_model_needs_none_of_them(monkeypatch, tmp_path: Path):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
-    given = settings(engines=["null-gen"], model=str(tmp_path))
+    given = settings(engine=["null-gen"], model=str(tmp_path))
     assert generative.model_dir(given) == given.model

@@ -18,7 +18,8 @@ from harness.engine import EngineConfig, GenerationRequest
 from harness.exceptions import UsageError
 from harness.load import adapters
 from harness.metrics.streamtiming import RequestRecord
-from harness.session.config import RunSettings, parse_settings
+from harness.session.config import RunSettings
+from harness.session.pytestoptions import parse_settings
 from workloads.lib import features
 
 
@@ -182,7 +183,7 @@ def test_a_user_server_takes_no_adapter_flags(tmp_path: Path) -> None:
 def test_the_run_settings_carry_the_mix_and_only_then_record_it(tmp_path: Path) -> None:
     def settings(lora: list[str] | None = None) -> RunSettings:
         return parse_settings(
-            engines=None,
+            engine=None,
             device="cpu",
             profile="quick",
             results_dir=str(tmp_path),

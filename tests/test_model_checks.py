@@ -13,7 +13,7 @@ import pytest
 
 from harness.exceptions import UsageError
 from harness.results.records import Manifest
-from harness.session.config import parse_settings
+from harness.session.pytestoptions import parse_settings
 from harness.session.state import check_resumable
 from tests.support.runner import pytest_workloads
 from workloads.lib import models
@@ -139,7 +139,7 @@ def test_a_dim_the_model_does_not_have_is_a_usage_error_naming_the_ones_it_has(
 
 
 def test_dynamic_batch_needs_a_model_and_is_part_of_what_a_resume_must_repeat():
-    base = dict(engines=["onnxruntime"], device="cpu", profile="quick", results_dir="r", seed=0)
+    base = dict(engine=["onnxruntime"], device="cpu", profile="quick", results_dir="r", seed=0)
     with pytest.raises(UsageError, match="--dynamic-batch rewrites the batch dimension"):
         parse_settings(**base, dynamic_batch=True)
     plain = parse_settings(**base, model=str(SQUEEZENET))

@@ -12,7 +12,8 @@ from harness.exceptions import UsageError
 from harness.results import store
 from harness.results.records import Manifest
 from harness.session import announce
-from harness.session.config import ModelSet, parse_settings
+from harness.session.config import ModelSet
+from harness.session.pytestoptions import parse_settings
 from harness.session.state import check_resumable
 from tests.support.fakes import FakeTensorEngine
 from tests.support.isolated import only_run_dir, write_project
@@ -23,7 +24,7 @@ pytest_plugins = ["pytester"]
 
 
 def settings(**kw):
-    base = dict(engines=["null"], device="cpu", profile="quick", results_dir="r", seed=0)
+    base = dict(engine=["null"], device="cpu", profile="quick", results_dir="r", seed=0)
     return parse_settings(**(base | kw))
 
 

@@ -5,6 +5,7 @@ merge onto one time base, failed clients, the merged run's validity, and real pr
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -45,8 +46,8 @@ from harness.load.localclients import LocalProcesses, client_process
 from harness.load.stream_summary import summarize_stream
 from harness.metrics.streamtiming import RequestRecord
 from harness.metrics.validity import Verdict, judge
-from harness.session.config import PROFILES, ProfileName, parse_settings
-from harness.session.execution import Distribution
+from harness.session.config import PROFILES, ProfileName
+from harness.session.pytestoptions import parse_settings
 from workloads.lib.generative import LoadSource, launcher_for
 
 TICK = 1 / 1024  # times on a binary grid: shifting by powers of two is exact
@@ -274,15 +275,15 @@ def settings(**kw):
 
 
 def test_clients_option_is_validated_and_recorded():
-    s = settings(engines=["openai"], clients=3)
+    s = settings(engine=["openai"], clients=3)
     assert s.clients == 3
     assert s.to_json()["clients"] == 3
-    assert settings(engines=None).to_json()["clients"] == 1
+    assert settings(engine=None).to_json()["clients"] == 1
     with pytest.raises(UsageError, match="--clients must be >= 1, got 0"):
-        settings(engines=["openai"], clients=0)
+        settings(engine=["openai"], clients=0)
     with pytest.raises(UsageError, match="not an HTTP engine: onnxruntime, null-gen"):
-        settings(engines=["onnxruntime,null-gen,openai"], clients=2)
-    assert settings(engines=["onnxruntime"], clients=1).clients == 1  # one: in-process
+        settings(engine=["onnxruntime,null-gen,openai"], clients=2)
+    assert settings(engine=["onnxruntime"], clients=1).clients == 1  # one: in-process
 
 
 @dataclass(frozen=True)
@@ -299,12 +300,14 @@ class FakeWallLauncher:
         return Launched(self.name, 0.0, 0.0, failures)
 
 
-def test_clients_on_picks_the_launcher_whose_clock_the_clients_use():
-    local = settings(engines=["openai"], clients=2)
+def test_clients_on_picks_the_launcher_whose_clock_the_clients_use(monkeypatch):
+    local = settings(engine=["openai"], clients=2)
     assert isinstance(launcher_for(local), LocalProcesses)
-    on_ray = settings(
-        engines=["openai"], clients=2, clients_on="ray", dist=Distribution(address="h:6379")
+    real = importlib.util.find_spec  # Ray stands as installed
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "ray" else real(name)
     )
+    on_ray = settings(engine=["openai"], clients=2, clients_on="ray", ray_address="h:6379")
     launcher = launcher_for(on_ray)
     assert isinstance(launcher, RayActors)
     assert (launcher.address, launcher.clock) == ("h:6379", ClockKind.WALL)

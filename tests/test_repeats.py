@@ -4,6 +4,7 @@ ok record. Whole pytest runs in a subprocess with the fault engine (tests/suppor
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -11,8 +12,7 @@ import pytest
 from harness.exceptions import UsageError
 from harness.results import store
 from harness.results.records import Status
-from harness.session.config import parse_settings
-from harness.session.execution import Dist, Distribution, Reliability
+from harness.session.pytestoptions import parse_settings
 from tests.support.isolated import only_run_dir, run, write_project
 
 pytestmark = pytest.mark.slow
@@ -95,19 +95,22 @@ def test_bad_repeats_are_usage_errors(tmp_path, argv, message):
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
 
 
-def test_repeats_on_a_ray_cluster_are_refused_at_configuration():
+def test_repeats_on_a_ray_cluster_are_refused_at_configuration(monkeypatch):
+    real = importlib.util.find_spec  # Ray stands as installed
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "ray" else real(name)
+    )
     with pytest.raises(UsageError, match="not supported with --cells-on=ray yet"):
         parse_settings(
-            engines=["null"],
+            engine=["null"],
             device="cpu",
             profile="quick",
             results_dir="r",
             seed=0,
-            reliability=Reliability(),
-            dist=Distribution(mode=Dist.RAY),
+            cells_on="ray",
             repeats=2,
         )
     settings = parse_settings(
-        engines=["null"], device="cpu", profile="quick", results_dir="r", seed=0, repeats=4
+        engine=["null"], device="cpu", profile="quick", results_dir="r", seed=0, repeats=4
     )
     assert (settings.repeats, settings.to_json()["repeats"]) == (4, 4)

@@ -35,7 +35,8 @@ from harness.load.streamstop import (
     open_loop_watched,
 )
 from harness.metrics.slo import parse_slos
-from harness.session.config import PROFILES, ProfileName, RunSettings, parse_settings
+from harness.session.config import PROFILES, ProfileName, RunSettings
+from harness.session.pytestoptions import parse_settings
 from workloads.lib.generative import LoadSource
 from workloads.lib.load import GenerativeTarget, finish_capacity
 
@@ -138,7 +139,7 @@ def settings(tmp_path: Path, **kw: Any) -> RunSettings:
 
 def target(tmp_path: Path, aio: asyncio.Runner) -> GenerativeTarget:
     """The workload's target, on null-gen in this process, with the quick profile's rule."""
-    run_settings = settings(tmp_path, engines=["null-gen"])
+    run_settings = settings(tmp_path, engine=["null-gen"])
     gen = engine()
     driver = Driver(gen, MonotonicClock(), timeout_s=30.0)
     config = EngineConfig(model=Path("-"), options=OPTIONS)
@@ -213,7 +214,7 @@ class FinishedCell:
 
 
 def test_several_client_processes_run_in_full_and_the_record_says_why(tmp_path: Path) -> None:
-    run_settings = settings(tmp_path, engines=["openai"], clients=2)
+    run_settings = settings(tmp_path, engine=["openai"], clients=2)
     config = EngineConfig(model=Path("-"), options={"base_url": "http://127.0.0.1:1"})
     launcher = FailingLauncher()
     source = LoadSource(None, None, run_settings, "openai", config, launcher, ceiling_check=False)  # type: ignore[arg-type]

@@ -1,7 +1,9 @@
 """Run settings: every option validated once, at configuration time.
 
-``parse_settings`` turns raw option values into a frozen ``RunSettings`` or raises
-``UsageError`` with a message that says what was wrong and what to do.
+``RunSettings`` and the checks that turn raw option values into it: each option's own
+(``parse_*``, named by the option's entry in harness.session.optiontable) and then those
+of the fields that need several options (``COMPOSED``). ``optiontable.parse_settings``
+runs them; a bad value is a ``UsageError`` that says what was wrong and what to do.
 """
 
 from __future__ import annotations
@@ -10,14 +12,13 @@ import enum
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness.engine import registry
 from harness.exceptions import UnknownEngine, UsageError
-from harness.load import adapters
 from harness.load.adapters import AdapterMix
 from harness.load.clients import is_network_client
 from harness.metrics.slo import SLO, parse_slos
@@ -28,9 +29,11 @@ from harness.session.execution import (
     Distribution,
     Reliability,
     check_repeats,
+    parse_dist,
+    parse_reliability,
 )
 from harness.session.grid import CONFIG_PARAM, EngineGrid, parse_grid
-from harness.session.traffic import Traffic
+from harness.session.traffic import Traffic, parse_traffic
 
 
 class ProfileName(enum.StrEnum):
@@ -192,6 +195,9 @@ class RunSettings:
         return data
 
 
+# -- each option's own conversion (the ``convert`` of its entry in harness.session.optiontable)
+
+
 def _split_engines(values: Iterable[str]) -> tuple[str, ...]:
     names: list[str] = []
     for value in values:
@@ -202,7 +208,7 @@ def _split_engines(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _engines(values: Sequence[str] | None) -> tuple[str, ...]:
+def parse_engine(values: Sequence[str] | None) -> tuple[str, ...]:
     names = _split_engines(values or ["onnxruntime"])
     known = registry.names()
     for name in names:
@@ -211,51 +217,48 @@ def _engines(values: Sequence[str] | None) -> tuple[str, ...]:
     return names
 
 
-def _profile(name: str, window: float | None, requests: int | None) -> Profile:
+def parse_profile(name: str) -> Profile:
     try:
-        base = PROFILES[ProfileName(name)]
+        return PROFILES[ProfileName(name)]
     except ValueError:
         choices = ", ".join(p.value for p in ProfileName)
         raise UsageError(f"--profile {name!r} is not a profile; choose one of: {choices}") from None
-    if window is not None:
-        if not (math.isfinite(window) and window > 0):
-            raise UsageError(f"--window must be a positive number of seconds, got {window}")
-        floor = base.policy.min_window_s
-        if window <= floor:
-            # the measured window ends at the last arrival, before the scheduled end
-            raise UsageError(
-                f"--window {window:g}: the {base.name.value} profile judges a cell valid only"
-                f" over a measured window of at least {floor:g} s, which a window of"
-                f" {window:g} s cannot give; use more than {floor:g} s"
-            )
-        base = replace(base, window_s=window)
-    if requests is not None:
-        if requests < 1:
-            raise UsageError(f"--requests must be >= 1, got {requests}")
-        base = replace(base, requests=requests, gen_requests=requests)
-    return base
 
 
-def _device(device: str) -> str:
+def parse_window(window: float | None) -> float | None:
+    if window is not None and not (math.isfinite(window) and window > 0):
+        raise UsageError(f"--window must be a positive number of seconds, got {window}")
+    return window
+
+
+def parse_requests(requests: int | None) -> int | None:
+    if requests is not None and requests < 1:
+        raise UsageError(f"--requests must be >= 1, got {requests}")
+    return requests
+
+
+def parse_seed(seed: int) -> int:
+    if seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {seed}")
+    return seed
+
+
+def parse_device(device: str) -> str:
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
         raise UsageError(f"--device {device!r}: use cpu, cuda or cuda:N")
     return device
 
 
-def _model_set(value: str, device: str) -> ModelSet:
-    """``auto``: the reference-sized models on a GPU, which the tiny ones leave idle
-    (launch overhead is all they measure there); the tiny ones on a CPU."""
-    if value == "auto":
-        return ModelSet.REFERENCE if device.startswith("cuda") else ModelSet.TINY
-    try:
-        return ModelSet(value)
-    except ValueError:
+def parse_model_set(value: str) -> str:
+    """The name, ``auto`` kept: the device resolves it (``_model_set``)."""
+    if value not in MODEL_SET_CHOICES:
         choices = ", ".join(MODEL_SET_CHOICES)
-        raise UsageError(f"--model-set {value!r}: choose one of {choices}") from None
+        raise UsageError(f"--model-set {value!r}: choose one of {choices}")
+    return value
 
 
-def _model(model: str | None) -> Path | None:
+def parse_model(model: str | None) -> Path | None:
     if model is None:
         return None
     path = Path(model).expanduser()
@@ -273,7 +276,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("HARNESS_CACHE_DIR") or Path.home() / ".cache" / "inference-harness")
 
 
-def _images(images: str | None) -> Path | None:
+def parse_images(images: str | None) -> Path | None:
     if images is None:
         return None
     path = Path(images).expanduser()
@@ -299,7 +302,7 @@ def _pairs(values: Sequence[str] | None, option: str) -> dict[str, str]:
     return out
 
 
-def _dims(values: Sequence[str] | None) -> dict[str, int]:
+def parse_dim(values: Sequence[str] | None) -> dict[str, int]:
     dims: dict[str, int] = {}
     for key, val in _pairs(values, "--dim").items():
         if not val.isdigit() or int(val) < 1:
@@ -308,20 +311,97 @@ def _dims(values: Sequence[str] | None) -> dict[str, int]:
     return dims
 
 
-def _dynamic_batch(dynamic_batch: bool, model: str | None) -> bool:
-    if dynamic_batch and model is None:
+def parse_engine_opt(values: Sequence[str] | None) -> dict[str, str]:
+    """``ENGINE.KEY=VALUE`` items by ``ENGINE.KEY``; the engines of the run check them
+    (``_engine_options``)."""
+    return _pairs(values, "--engine-opt")
+
+
+AUTO_CLIENTS = 0
+"""``--clients auto``."""
+
+
+def parse_clients(clients: int | str) -> int:
+    if clients == "auto":
+        return AUTO_CLIENTS
+    try:
+        count = int(clients)
+    except ValueError:
+        raise UsageError(f"--clients {clients!r}: give a number of processes or auto") from None
+    if count < 1:
+        raise UsageError(f"--clients must be >= 1, got {count}")
+    return count
+
+
+def parse_clients_on(where: str) -> ClientsOn:
+    try:
+        return ClientsOn(where)
+    except ValueError:
+        raise UsageError(f"--clients-on {where!r}: choose local or ray") from None
+
+
+def parse_early_stop(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise UsageError(f"--early-stop {value!r}: choose on or off")
+    return value == "on"
+
+
+def parse_slo(text: str | None) -> tuple[SLO, ...]:
+    if not text:
+        return ()
+    try:
+        return parse_slos(text)
+    except ValueError as exc:
+        raise UsageError(f"--slo {text!r}: {exc}") from None
+
+
+# -- the fields that need several options' values, built after every option's own check --
+
+Values = Mapping[str, Any]
+"""Option values by dest, each converted by its option (``parse_*`` above)."""
+Fields = Mapping[str, Any]
+"""The ``RunSettings`` fields built so far, by name."""
+
+
+def _profile(v: Values, _: Fields) -> Profile:
+    base: Profile = v["profile"]
+    window, requests = v["window"], v["requests"]
+    if window is not None:
+        floor = base.policy.min_window_s
+        if window <= floor:
+            # the measured window ends at the last arrival, before the scheduled end
+            raise UsageError(
+                f"--window {window:g}: the {base.name.value} profile judges a cell valid only"
+                f" over a measured window of at least {floor:g} s, which a window of"
+                f" {window:g} s cannot give; use more than {floor:g} s"
+            )
+        base = replace(base, window_s=window)
+    if requests is not None:
+        base = replace(base, requests=requests, gen_requests=requests)
+    return base
+
+
+def _model_set(v: Values, f: Fields) -> ModelSet:
+    """``auto``: the reference-sized models on a GPU, which the tiny ones leave idle
+    (launch overhead is all they measure there); the tiny ones on a CPU."""
+    if v["model_set"] == "auto":
+        return ModelSet.REFERENCE if f["device"].startswith("cuda") else ModelSet.TINY
+    return ModelSet(v["model_set"])
+
+
+def _dynamic_batch(v: Values, _: Fields) -> bool:
+    if v["dynamic_batch"] and v["model"] is None:
         raise UsageError(
             "--dynamic-batch rewrites the batch dimension of your --model; without --model"
             " the embedded models already have a dynamic batch"
         )
-    return dynamic_batch
+    return bool(v["dynamic_batch"])
 
 
-def _engine_options(
-    values: Sequence[str] | None, engines: Sequence[str]
-) -> dict[str, dict[str, str]]:
+def _engine_options(v: Values, f: Fields) -> dict[str, dict[str, str]]:
+    engines: tuple[str, ...] = f["engines"]
     by_engine: dict[str, dict[str, str]] = {name: {} for name in engines}
-    for key, val in _pairs(values, "--engine-opt").items():
+    for key, val in v["engine_opt"].items():
         engine, dot, opt = key.partition(".")
         if not dot or engine not in by_engine:
             raise UsageError(
@@ -341,63 +421,104 @@ def _validate(engine: str, options: Mapping[str, str]) -> None:
     registry.load(engine).validate_options(options)
 
 
-def parse_settings(
-    *,
-    engines: Sequence[str] | None,
-    device: str,
-    profile: str,
-    results_dir: str,
-    seed: int,
-    model: str | None = None,
-    images: str | None = None,
-    window: float | None = None,
-    requests: int | None = None,
-    dims: Sequence[str] | None = None,
-    dynamic_batch: bool = False,
-    engine_options: Sequence[str] | None = None,
-    slo: str | None = None,
-    clients: int | str = 1,
-    clients_on: str = "local",
-    reliability: Reliability | None = None,
-    dist: Distribution | None = None,
-    repeats: int = 1,
-    traffic: Traffic | None = None,
-    engine_grid: Sequence[str] | None = None,
-    engine_grid_file: str | None = None,
-    model_set: str = "auto",
-    early_stop: str = "on",
-    lora: Sequence[str] | None = None,
-) -> RunSettings:
-    names = _engines(engines)
-    options = _engine_options(engine_options, names)
-    dist = dist or Distribution()
-    reliability = reliability or Reliability()
-    if seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {seed}")
-    device = _device(device)
-    return RunSettings(
-        engines=names,
-        device=device,
-        profile=_profile(profile, window, requests),
-        results_dir=Path(results_dir),
-        seed=seed,
-        model=_model(model),
-        images=_images(images),
-        dims=_dims(dims),
-        dynamic_batch=_dynamic_batch(dynamic_batch, model),
-        engine_options=options,
-        engine_grid=parse_grid(engine_grid, engine_grid_file, names, options, _validate),
-        slos=_slos(slo),
-        clients=_clients(clients, names),
-        clients_on=_clients_on(clients_on, _clients(clients, names), dist),
-        reliability=reliability,
-        dist=dist,
-        repeats=check_repeats(repeats, reliability, dist),
-        traffic=traffic or Traffic(),
-        model_set=_model_set(model_set, device),
-        early_stop=_on_off(early_stop, "--early-stop"),
-        lora=adapters.parse(lora),
+def _engine_grid(v: Values, f: Fields) -> EngineGrid:
+    return parse_grid(
+        v["engine_grid"], v["engine_grid_file"], f["engines"], f["engine_options"], _validate
     )
+
+
+def _clients(v: Values, f: Fields) -> int:
+    """Several client processes each hold their own engine instance: only an engine that
+    is a client of a server (HTTP) can be driven that way."""
+    clients: int = v["clients"]
+    local = [e for e in f["engines"] if clients > 1 and not is_network_client(registry.load(e))]
+    if local:
+        raise UsageError(
+            f"--clients {clients}: not an HTTP engine: {', '.join(local)}; several client"
+            " processes can only drive an engine that is a client of a server (e.g. openai)"
+        )
+    return clients
+
+
+def _reliability(v: Values, _: Fields) -> Reliability:
+    return parse_reliability(
+        isolation=v["isolation"],
+        cell_timeout=v["cell_timeout"],
+        load_timeout=v["load_timeout"],
+        request_timeout=v["request_timeout"],
+        max_restarts=v["max_restarts"],
+        worker_memory=v["worker_memory"],
+        resume=v["resume"],
+    )
+
+
+def _dist(v: Values, _: Fields) -> Distribution:
+    return parse_dist(
+        mode=v["cells_on"],
+        address=v["ray_address"],
+        cpus_per_cell=v["ray_cpus_per_cell"],
+        gpus_per_cell=v["ray_gpus_per_cell"],
+        retries=v["ray_retries"],
+        python=v["ray_python"],
+        isolation=v["isolation"],
+        clients_on=v["clients_on"],
+    )
+
+
+def _clients_on(v: Values, f: Fields) -> ClientsOn:
+    on: ClientsOn = v["clients_on"]
+    if on is ClientsOn.LOCAL:
+        return on
+    if f["clients"] < 2:
+        raise UsageError(
+            "--clients-on=ray puts client processes on a Ray cluster: give --clients N"
+            " (N >= 2); with one client the load comes from the cell's own process"
+        )
+    dist: Distribution = f["dist"]
+    if dist.mode is Dist.LOCAL and dist.address is None and not os.environ.get("RAY_ADDRESS"):
+        raise UsageError(
+            "--clients-on=ray needs the cluster: give --ray-address HOST:PORT (or set"
+            " RAY_ADDRESS, or run with --cells-on=ray, whose cells reach the cluster they run on)"
+        )
+    return on
+
+
+def _repeats(v: Values, f: Fields) -> int:
+    return check_repeats(v["repeats"], f["reliability"], f["dist"])
+
+
+def _traffic(v: Values, _: Fields) -> Traffic:
+    return parse_traffic(
+        dataset=v["dataset"],
+        dataset_format=v["dataset_format"],
+        output_mode=v["output_mode"],
+        output_cap=v["output_cap"],
+        trace=v["trace_file"],
+        trace_format=v["trace_format"],
+        trace_speed=v["trace_speed"],
+        trace_rate=v["trace_rate"],
+        trace_slice=v["trace_slice"],
+        trace_limit=v["trace_limit"],
+        session_spec=v["session_spec"],
+    )
+
+
+COMPOSED: dict[str, Callable[[Values, Fields], object]] = {
+    "profile": _profile,
+    "model_set": _model_set,
+    "dynamic_batch": _dynamic_batch,
+    "engine_options": _engine_options,
+    "engine_grid": _engine_grid,
+    "clients": _clients,
+    "reliability": _reliability,
+    "dist": _dist,
+    "clients_on": _clients_on,
+    "repeats": _repeats,
+    "traffic": _traffic,
+}
+"""The ``RunSettings`` fields built from several options' values, or checked against
+other fields, in the order they are built (each after the fields it reads); every other
+field is its one option's converted value."""
 
 
 def check_writable_dir(path: Path, option: str) -> None:
@@ -419,62 +540,3 @@ def check_writable_dir(path: Path, option: str) -> None:
             f"{option} {str(path)!r}: cannot write files there{where}:"
             f" {exc.strerror or exc}; give a directory this user can write to"
         ) from None
-
-
-AUTO_CLIENTS = 0
-"""``--clients auto``."""
-
-
-def _clients(clients: int | str, engines: Sequence[str]) -> int:
-    if clients == "auto":
-        return AUTO_CLIENTS
-    try:
-        clients = int(clients)
-    except ValueError:
-        raise UsageError(f"--clients {clients!r}: give a number of processes or auto") from None
-    """Several client processes each hold their own engine instance: only an engine that
-    is a client of a server (HTTP) can be driven that way."""
-    if clients < 1:
-        raise UsageError(f"--clients must be >= 1, got {clients}")
-    local = [e for e in engines if clients > 1 and not is_network_client(registry.load(e))]
-    if local:
-        raise UsageError(
-            f"--clients {clients}: not an HTTP engine: {', '.join(local)}; several client"
-            " processes can only drive an engine that is a client of a server (e.g. openai)"
-        )
-    return clients
-
-
-def _clients_on(where: str, clients: int, dist: Distribution) -> ClientsOn:
-    try:
-        on = ClientsOn(where)
-    except ValueError:
-        raise UsageError(f"--clients-on {where!r}: choose local or ray") from None
-    if on is ClientsOn.LOCAL:
-        return on
-    if clients < 2:
-        raise UsageError(
-            "--clients-on=ray puts client processes on a Ray cluster: give --clients N"
-            " (N >= 2); with one client the load comes from the cell's own process"
-        )
-    if dist.mode is Dist.LOCAL and dist.address is None and not os.environ.get("RAY_ADDRESS"):
-        raise UsageError(
-            "--clients-on=ray needs the cluster: give --ray-address HOST:PORT (or set"
-            " RAY_ADDRESS, or run with --cells-on=ray, whose cells reach the cluster they run on)"
-        )
-    return on
-
-
-def _on_off(value: str, option: str) -> bool:
-    if value not in ("on", "off"):
-        raise UsageError(f"{option} {value!r}: choose on or off")
-    return value == "on"
-
-
-def _slos(text: str | None) -> tuple[SLO, ...]:
-    if not text:
-        return ()
-    try:
-        return parse_slos(text)
-    except ValueError as exc:
-        raise UsageError(f"--slo {text!r}: {exc}") from None

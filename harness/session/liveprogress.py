@@ -58,18 +58,6 @@ lock with the load generator: once a second there, not ``RICH_REFRESH_HZ``."""
 RunGetter = Callable[[], RunState | None]
 
 
-def add_option(group: pytest.OptionGroup) -> None:
-    group.addoption(
-        "--progress",
-        dest="harness_progress",
-        default=Mode.AUTO.value,
-        metavar="|".join(m.value for m in Mode),
-        help="live progress of the cell in flight: rich's display on a terminal, else a"
-        " plain line every 10 s and at each cell's end (auto, the default); rich or plain"
-        " force one; off shows none",
-    )
-
-
 class Ticker:
     """Calls ``tick`` every ``interval_s`` seconds from a daemon thread, once started."""
 
