@@ -21,6 +21,7 @@ from rich.console import Console
 
 from harness import cli
 from harness.report.compare import Comparison, compare_runs
+from tests.support.once import once
 from tests.support.runner import run_workloads
 
 pytestmark = pytest.mark.slow
@@ -46,9 +47,12 @@ def verdicts(comparison: Comparison, cell_id: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ort_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def ort_pair(request: pytest.FixtureRequest) -> tuple[Path, Path]:
     pytest.importorskip("onnxruntime")
-    tmp = tmp_path_factory.mktemp("aa-ort")
+    return once(request, _ort_pair)
+
+
+def _ort_pair(tmp: Path) -> tuple[Path, Path]:
     runs = []
     for _ in range(2):
         run = run_workloads(
@@ -78,8 +82,11 @@ def test_an_a_a_pair_on_onnxruntime_is_clean(ort_pair: tuple[Path, Path]) -> Non
 
 
 @pytest.fixture(scope="module")
-def null_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("ab-null")
+def null_runs(request: pytest.FixtureRequest) -> dict[str, Path]:
+    return once(request, _null_runs)
+
+
+def _null_runs(tmp: Path) -> dict[str, Path]:
     out = {}
     # 2 ms against 6 ms: a change far above a busy machine's generator lag (the floor)
     for name, service_s in (("one", "0.002"), ("one-again", "0.002"), ("two", "0.006")):

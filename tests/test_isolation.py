@@ -29,6 +29,7 @@ from tests.support.isolated import (
     started,
     write_project,
 )
+from tests.support.once import once
 
 pytestmark = pytest.mark.slow
 
@@ -79,8 +80,11 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def fault_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults")
+def fault_run(request):
+    return once(request, _fault_run)
+
+
+def _fault_run(root):
     write_project(root, TENSOR, GEN)
     proc = run(root, "--engine=faulty,faulty-gen", f"--results-dir={root / 'runs'}", *LIMITS)
     run_dir = only_run_dir(root / "runs")

@@ -12,6 +12,7 @@ import pytest
 
 from harness.report import matrix
 from harness.results.records import CellRecord, Status
+from tests.support.once import once
 from tests.support.runner import run_workloads
 
 pytestmark = pytest.mark.slow
@@ -22,9 +23,13 @@ WINDOW_S = 1.5
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, CellRecord]]:
+def run(request: pytest.FixtureRequest) -> tuple[Path, dict[str, CellRecord]]:
+    return once(request, _run)
+
+
+def _run(tmp: Path) -> tuple[Path, dict[str, CellRecord]]:
     result = run_workloads(
-        tmp_path_factory.mktemp("ort-load"),
+        tmp,
         "--engine=onnxruntime",
         "--profile=quick",
         f"--window={WINDOW_S}",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.results.records import Status
+from tests.support.once import once
 from tests.support.runner import run_workloads
 
 pytestmark = pytest.mark.slow
@@ -15,9 +16,13 @@ pytest.importorskip("onnxruntime")
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory):
+def records(request: pytest.FixtureRequest):
+    return once(request, _records)
+
+
+def _records(tmp):
     result = run_workloads(
-        tmp_path_factory.mktemp("precision"),
+        tmp,
         "--engine=onnxruntime",
         "--window=1.2",
         "-k",

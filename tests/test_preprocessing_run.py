@@ -14,6 +14,7 @@ import pytest
 from harness.results.records import CellRecord, Status
 from harness.session.outcome import RunExit
 from tests.support.imagefiles import write_small_corpus
+from tests.support.once import once
 from tests.support.runner import run_workloads
 from workloads.lib import models
 
@@ -36,8 +37,11 @@ CPU_BACKENDS = ("pil", "opencv", *(("dali-cpu",) if HAVE_DALI else ()))
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, CellRecord], str]:
-    tmp = tmp_path_factory.mktemp("prep-run")
+def run(request: pytest.FixtureRequest) -> tuple[Path, dict[str, CellRecord], str]:
+    return once(request, _run)
+
+
+def _run(tmp: Path) -> tuple[Path, dict[str, CellRecord], str]:
     folder = write_small_corpus(tmp / "images")
     result = run_workloads(
         tmp,

@@ -44,6 +44,7 @@ from harness.session.progressview import (
     rich_line,
 )
 from tests.support.fakes import FakeClock
+from tests.support.once import once
 from tests.support.runner import REPO
 from tests.test_genload import FakeStreamingEngine, reqs
 
@@ -429,10 +430,13 @@ class Output:
 
 
 @pytest.fixture(scope="module")
-def real_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Output]:
+def real_runs(request: pytest.FixtureRequest) -> dict[str, Output]:
+    return once(request, _real_runs)
+
+
+def _real_runs(tmp: Path) -> dict[str, Output]:
     """Two real quick runs at once (to keep the suite short): two cells in workers into a
     log, and one cell in-process on a pseudo-terminal."""
-    tmp = tmp_path_factory.mktemp("progress")
     base = [sys.executable, "-m", "pytest", str(REPO / "workloads"), "-p", "no:cacheprovider"]
     log = tmp / "log.txt"
     with log.open("w") as out:

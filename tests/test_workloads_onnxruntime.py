@@ -10,6 +10,7 @@ from harness.metrics import stats
 from harness.report import matrix
 from harness.results import store
 from harness.results.records import CellRecord, Status
+from tests.support.once import once
 from tests.support.runner import run_workloads
 
 pytestmark = pytest.mark.slow
@@ -20,9 +21,13 @@ WINDOW_S = 1.5  # quick profile, shortened: every cell still needs >= 1 s and >=
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, CellRecord], str]:
+def run(request: pytest.FixtureRequest) -> tuple[Path, dict[str, CellRecord], str]:
+    return once(request, _run)
+
+
+def _run(tmp: Path) -> tuple[Path, dict[str, CellRecord], str]:
     result = run_workloads(
-        tmp_path_factory.mktemp("ort-run"),
+        tmp,
         "--engine=onnxruntime",
         "--profile=quick",
         f"--window={WINDOW_S}",
