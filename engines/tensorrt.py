@@ -1,19 +1,12 @@
 """TensorRT: an engine built from ONNX with optimization profiles, cached, run with
 ``execute_async_v3`` on its own CUDA stream.
 
-Build: the ONNX parser fills a network; every dynamic input gets (min, opt, max) shapes
-from ``engines.trt_profiles`` (several profiles allowed); a persistent timing cache makes
-rebuilds fast; the serialized engine is cached under a key of ONNX hash, TensorRT
-version, GPU, profiles and builder settings (flags set and cleared, TF32 included). Build
-time is its own figure in ``describe()`` (``build_s``), never inside a latency.
-
-Precision: ``BuilderFlag.TF32`` is on by default in TensorRT 10 and 11 and lets fp32
-convolutions and matmuls round their inputs to 10-bit mantissas, so the adapter clears it
-unless ``tf32=1``: fp32 means fp32. TensorRT 10 still takes ``BuilderFlag.FP16`` on a
-weakly typed network (deprecated since 10.12); TensorRT 11 has no FP16 flag (networks are
-strongly typed: the ONNX model's types decide), so ``precision_options("fp16")`` refuses
-there, from the installed version read in package metadata, and the precision cell skips
-with the reason. At build, the flags are detected from ``trt.BuilderFlag``, not assumed.
+Build (``engines.trt_build``): the options give a build plan, and the ONNX model with
+optimization profiles from ``engines.trt_profiles`` a serialized engine, cached under a
+key of ONNX hash, TensorRT version, GPU, profiles and builder settings; fp32 means fp32
+(TF32 cleared unless ``tf32=1``), and fp16 is TensorRT 10's builder flag, refused on
+TensorRT 11. Build time is its own figure in ``describe()`` (``build_s``), never inside a
+latency.
 
 Run: device buffers and pinned host buffers are allocated once, at the largest shapes
 of every profile. Each ``infer`` first copies the inputs into the pinned buffers (host
@@ -43,7 +36,7 @@ import hashlib
 import importlib
 import importlib.util
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -54,6 +47,14 @@ import numpy.typing as npt
 from engines import trt_profiles
 from engines.cudatiming import MARKS, stage_times
 from engines.onnxinfo import read_specs
+from engines.trt_build import (
+    NO_FP16,
+    OPTIONS,
+    BuildPlan,
+    build_engine,
+    build_plan,
+    known_builder_flags,
+)
 from harness.engine import (
     Arrays,
     Availability,
@@ -65,43 +66,9 @@ from harness.engine import (
     check_inputs,
     installed_version,
 )
-from harness.engine.optionschema import OptionSchema, choice, custom, flag, integer, text
+from harness.engine.optionschema import OptionSchema
 from harness.results.store import replace
 from harness.session.config import cache_root
-
-OPTIONS = OptionSchema(
-    custom(
-        "profiles",
-        "optimization profiles, ';'-separated (a named dim not given is 1:N:N from dims=NAME=N)",
-        trt_profiles.parse_ranges,
-        "NAME=MIN:OPT:MAX[,...][;...]",
-        default=trt_profiles.DEFAULT_PROFILE,
-    ),
-    custom(
-        "dims",
-        "sizes of named dynamic dims (what --dim gives other engines)",
-        trt_profiles.parse_dims,
-        "NAME=N[,...]",
-    ),
-    choice(
-        "precision",
-        "fp16: TensorRT 10's FP16 builder flag (TensorRT 11: refused, give an fp16 ONNX model:"
-        " networks are strongly typed)",
-        ("fp32", "fp16"),
-        default="fp32",
-    ),
-    flag(
-        "tf32",
-        "let fp32 layers use TF32 (BuilderFlag.TF32, on by TensorRT's default; off here, so"
-        " fp32 is fp32)",
-    ),
-    flag("cuda_graph", "capture and replay a CUDA graph per input shape"),
-    integer(
-        "workspace_mib", "builder workspace memory pool limit in MiB", default="4096", high=2**20
-    ),
-    integer("optimization_level", "builder optimization level", default="3", low=0, high=5),
-    text("cache_dir", "engine and timing caches (default $HARNESS_CACHE_DIR/tensorrt)"),
-)
 
 # The TensorRT wheels, bindings first (they carry the library the adapter imports).
 TENSORRT_DISTRIBUTIONS = (
@@ -114,67 +81,11 @@ TENSORRT_DISTRIBUTIONS = (
 # The oldest driver each CUDA major's runtime runs on (CUDA minor version compatibility,
 # docs.nvidia.com/deploy/cuda-compatibility: 12.x >= 525, 13.x >= 580).
 MIN_DRIVER = {11: "450", 12: "525", 13: "580"}
-NO_FP16 = (
-    "TensorRT {version} has no FP16 builder flag (networks are strongly typed): convert the"
-    " ONNX model to fp16 and build it with precision=fp32"
-)
 
 
 def installed_tensorrt() -> str | None:
     """The installed TensorRT version from package metadata, without importing it."""
     return installed_version(*TENSORRT_DISTRIBUTIONS)
-
-
-def known_builder_flags(trt_major: int) -> frozenset[str]:
-    """The precision flags of ``BuilderFlag`` per major, for plans made without TensorRT:
-    TensorRT 11 dropped FP16 (its enum starts at kDEBUG); TF32 is in both."""
-    return frozenset({"TF32"} if trt_major >= 11 else {"FP16", "TF32"})
-
-
-@dataclass(frozen=True)
-class BuildPlan:
-    """What the builder is asked for, derived from the options and the TensorRT flags."""
-
-    strongly_typed: bool
-    builder_flags: tuple[str, ...]
-    cleared_flags: tuple[str, ...]
-    tf32: bool | None  # None: this TensorRT has no TF32 flag to decide with
-    workspace_bytes: int
-    optimization_level: int
-
-    def settings(self) -> dict[str, Any]:
-        """Everything an engine depends on: it keys the engine cache and is reported."""
-        return {
-            "strongly_typed": self.strongly_typed,
-            "builder_flags": list(self.builder_flags),
-            "cleared_flags": list(self.cleared_flags),
-            "tf32": self.tf32,
-            "workspace_bytes": self.workspace_bytes,
-            "optimization_level": self.optimization_level,
-        }
-
-
-def build_plan(
-    options: Mapping[str, str], trt_major: int, flags: Collection[str] | None = None
-) -> BuildPlan:
-    """Pure: the network and builder settings for ``options`` on TensorRT ``trt_major``
-    whose ``BuilderFlag`` has the members ``flags`` (default: what that major has)."""
-    names = frozenset(flags) if flags is not None else known_builder_flags(trt_major)
-    o = OPTIONS.resolve(options)
-    precision = o["precision"]
-    if precision == "fp16" and "FP16" not in names:
-        raise ValueError(NO_FP16.format(version=trt_major))
-    tf32 = o["tf32"] == "1"
-    wanted = (("FP16", precision == "fp16"), ("TF32", tf32))
-    return BuildPlan(
-        strongly_typed=trt_major >= 11,
-        builder_flags=tuple(name for name, on in wanted if on and name in names),
-        # TF32 is on by default: fp32 needs it cleared, not merely left unset
-        cleared_flags=("TF32",) if "TF32" in names and not tf32 else (),
-        tf32=tf32 if "TF32" in names else None,
-        workspace_bytes=int(o["workspace_mib"]) * 2**20,
-        optimization_level=int(o["optimization_level"]),
-    )
 
 
 # -- CUDA runtime through cuda-python -------------------------------------------------------
@@ -391,7 +302,17 @@ class TensorRTEngine:
         if engine_file.is_file():
             serialized, cache = engine_file.read_bytes(), "hit"
         else:
-            serialized, cache = self._build(trt, logger, data, plan, gpu), "miss"
+            serialized = build_engine(
+                trt,
+                logger,
+                data,
+                plan,
+                model=path,
+                profiles=self._profiles,
+                cache_dir=self._cache_dir(),
+                gpu=gpu,
+            )
+            cache = "miss"
             replace(engine_file, serialized)
         build_s = time.perf_counter() - started if cache == "miss" else 0.0
         self._engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
@@ -412,43 +333,6 @@ class TensorRTEngine:
             "profiles": [p.ort_options() for p in self._profiles],
             "cuda_graph": self._graphs_on(),
         }
-
-    def _build(self, trt: Any, logger: Any, onnx_bytes: bytes, plan: BuildPlan, gpu: str) -> bytes:
-        builder = trt.Builder(logger)
-        flags = 0
-        if plan.strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
-            flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-        network = builder.create_network(flags)
-        parser = trt.OnnxParser(network, logger)
-        if not parser.parse(onnx_bytes, str(self.config.model)):
-            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-            raise EngineError(f"TensorRT's ONNX parser refused {self.config.model}: {errors}")
-        config = builder.create_builder_config()
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, plan.workspace_bytes)
-        config.builder_optimization_level = plan.optimization_level
-        for member in plan.builder_flags:
-            config.set_flag(getattr(trt.BuilderFlag, member))
-        for member in plan.cleared_flags:
-            config.clear_flag(getattr(trt.BuilderFlag, member))
-        self._add_profiles(builder, config)
-        timing_file = self._cache_dir() / f"timing-{trt.__version__}-{gpu.replace(' ', '_')}.cache"
-        timing = config.create_timing_cache(
-            timing_file.read_bytes() if timing_file.is_file() else b""
-        )
-        config.set_timing_cache(timing, False)
-        serialized = builder.build_serialized_network(network, config)
-        if serialized is None:
-            raise EngineError(f"TensorRT could not build an engine from {self.config.model}")
-        replace(timing_file, bytes(memoryview(config.get_timing_cache().serialize())))
-        return bytes(memoryview(serialized))
-
-    def _add_profiles(self, builder: Any, config: Any) -> None:
-        for profile in self._profiles:
-            trt_profile = builder.create_optimization_profile()
-            for name, (low, opt, high) in profile.shapes.items():
-                trt_profile.set_shape(name, low, opt, high)
-            if config.add_optimization_profile(trt_profile) < 0:
-                raise EngineError(f"TensorRT refused the optimization profile {profile.shapes}")
 
     def _allocate(self, cudart: Any) -> None:
         """Buffers sized for the largest shape any profile allows, allocated once."""

@@ -35,6 +35,7 @@ def _module():
 
 
 gpu_check = _module()
+findings = sys.modules["gpu_check_findings"]  # what it found: scripts/gpu_check_findings.py
 
 
 def _check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
@@ -300,7 +301,7 @@ def test_generative_cells_give_per_workload_figures_over_their_ok_cells():
     assert report.workloads["trace"] == {
         "cells": 1,
         "ok": 0,
-        **{name: None for name, _, _ in gpu_check.FIGURES},
+        **{name: None for name, _, _ in findings.FIGURES},
     }
     lines = report.lines()
     header = next(i for i, line in enumerate(lines) if "workload" in line)
@@ -487,12 +488,12 @@ def test_the_generative_precision_workloads_figures_are_its_reduced_dtypes():
         reference={"ttft": {"p50": 9.0, "p99": 9.0}},
         reduced=phase,
     )
-    figures = gpu_check.generative_figures(rec)
+    figures = findings.generative_figures(rec)
     assert figures["ttft_p50_ms"] == pytest.approx(4.0)
     assert figures["ttft_p99_ms"] == pytest.approx(8.0)
     assert figures["output_tokens_per_s"] == pytest.approx(50.0)
     assert figures["itl_p50_ms"] is None  # a phase summary has no ITL
-    assert gpu_check.cell_line(rec)["figures"]["ttft_p50_ms"] == 4.0
+    assert findings.cell_line(rec)["figures"]["ttft_p50_ms"] == 4.0
 
 
 @pytest.mark.slow

@@ -4,14 +4,8 @@
 turn, with the reference reply where the file has one), ``select`` draws a seeded sample
 of them, and ``to_requests`` turns them into ``GenerationRequest`` objects with an output
 length policy (``OutputMode``). ``default_dataset`` makes a synthetic multi-turn chat
-dataset from the seed, so a run needs no download.
-
-Formats (``FORMATS``): ``sharegpt`` (a JSON list of ``{"conversations": [{"from",
-"value"}, ...]}``; ``role``/``content`` keys and ``user``/``assistant`` roles are accepted
-too), ``jsonl`` (one object a line with ``prompt`` text, ``messages`` or
-``conversations``, optional ``output_tokens`` and reference ``output``/``completion``),
-and ``json``/``csv``/``parquet`` with the same columns, read through the Hugging Face
-``datasets`` library (the ``datasets`` extra; ``messages`` may be a JSON string in csv).
+dataset from the seed, so a run needs no download. The file formats (``FORMATS``) and
+how a row's turns are read: ``workloads.lib.dataset_rows``.
 
 ShareGPT turns. vLLM's ShareGPT dataset (``vllm/benchmarks/datasets/sharegpt.py``) keeps
 conversations of two turns or more, takes turn 0 as the prompt and turn 1 as the
@@ -35,12 +29,8 @@ gives a tokenizer's ``count_tokens``, otherwise whitespace-separated words
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import json
 import math
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,26 +41,35 @@ from typing import Any, Literal, get_args
 import numpy as np
 import numpy.typing as npt
 
-from harness.api import GenerationRequest, ImageInput, Message, UsageError
+from harness.api import GenerationRequest, ImageInput, Message
 from workloads.lib import dataset_images
+from workloads.lib.dataset_rows import (
+    FORMATS,
+    MISSING_FIELD,
+    NO_USER_TURN,
+    NOT_JSON,
+    NOT_UTF8,
+    UNKNOWN_ROLE,
+    WRONG_TYPE,
+    DatasetError,
+    Rejected,
+    detect_format,
+    file_sha256,
+    output_tokens,
+    read_rows,
+    reference_reply,
+    split_turns,
+    turns_of,
+)
 
 OutputMode = Literal["fixed", "reference", "natural"]
 LengthUnit = Literal["tokens", "words"]
-FORMATS = ("sharegpt", "jsonl", "json", "csv", "parquet")
 DEFAULT_NAME = "synthetic-chat"
 """The generated default dataset's name (a cell parameter of the dataset workload)."""
-HF_FORMATS = ("json", "csv", "parquet")  # read through the Hugging Face datasets library
-INSTALL_HINT = "pip install 'inference-harness[datasets]'"
-
-# Why an entry could not be used: the keys of Dataset.rejected.
-NOT_JSON = "not valid JSON"
-NOT_UTF8 = "not UTF-8"
+# Why an entry could not be used: the keys of Dataset.rejected (a row's reasons are
+# dataset_rows's; these are the entry's).
 NOT_OBJECT = "not an object"
-MISSING_FIELD = "missing field"
-WRONG_TYPE = "field of the wrong type"
 EMPTY_TURN = "empty turn"
-UNKNOWN_ROLE = "unknown role"
-NO_USER_TURN = "no user turn"
 TOO_LONG = "longer than the model's context"
 REASONS = (
     NOT_JSON,
@@ -87,28 +86,6 @@ REASONS = (
 INPUT_OUT_OF_RANGE = "input length out of range"
 OUTPUT_OUT_OF_RANGE = "reference output length out of range"
 NO_REFERENCE = "no reference output length"
-
-# Role names found in ShareGPT dumps and chat exports, mapped onto the chat API's.
-ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "bard": "assistant",
-    "bing": "assistant",
-    "model": "assistant",
-    "system": "system",
-}
-_PEEK_BYTES = 1 << 16
-
-
-class DatasetError(UsageError):
-    """A dataset file or a request for entries the user can fix; the message says how.
-
-    ``harness.api`` exports no usage-error type, so this derives from ``ValueError``,
-    which the harness reports as bad input.
-    """
 
 
 @dataclass(frozen=True)
@@ -180,223 +157,22 @@ class Selection(list[Entry]):
         return {"selected": len(self), "eligible": self.eligible, "excluded": self.excluded}
 
 
-class _Rejected(Exception):  # caught in _verdict: never leaves this module
-    """An entry that cannot be used, and why (one of ``REASONS``)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-Turns = list[tuple[str, str]]  # (chat role, content)
 Measure = Callable[[str], int]
-
-
-# -- detecting the format -----------------------------------------------------------------
-
-
-def detect_format(path: Path) -> str:
-    """The format of ``path`` from its suffix and, for ``.json``, a peek at its start."""
-    suffix = path.suffix.lower()
-    by_suffix = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
-    if suffix in by_suffix:
-        return by_suffix[suffix]
-    if suffix == ".json":
-        return _peek_json(path)
-    raise DatasetError(
-        f"cannot tell the format of {path} from its suffix {suffix!r}: name it .json, "
-        f".jsonl, .csv or .parquet, or give the format (one of {', '.join(FORMATS)})"
-    )
-
-
-def _peek_json(path: Path) -> str:
-    """sharegpt for a list of objects with "conversations", jsonl for an object a line."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(_PEEK_BYTES).decode("utf-8", "replace").lstrip("\ufeff \t\r\n")
-    except OSError as exc:
-        raise DatasetError(f"cannot read dataset file {path}: {exc.strerror or exc}") from exc
-    if head.startswith("["):
-        return "sharegpt" if _first_has_conversations(head) else "json"
-    first_line = head.split("\n", 1)[0]
-    with contextlib.suppress(ValueError):
-        if isinstance(json.loads(first_line), dict):
-            return "jsonl"  # a whole object on the first line: JSON lines
-    return "json"
-
-
-def _first_has_conversations(head: str) -> bool:
-    start = len(head) - len(head[1:].lstrip()) if len(head) > 1 else 1
-    try:
-        first, _ = json.JSONDecoder().raw_decode(head, start)
-    except ValueError:  # the first object runs past the peek: look for the key
-        return '"conversations"' in head
-    return isinstance(first, dict) and "conversations" in first
-
-
-# -- reading rows ---------------------------------------------------------------------------
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise DatasetError(f"cannot read dataset file {path}: {exc.strerror or exc}") from exc
-
-
-def _sharegpt_rows(path: Path, data: bytes) -> list[object]:
-    # Undecodable bytes become lone surrogates, so one bad conversation costs itself only.
-    text = data.decode("utf-8", "surrogateescape").lstrip("\ufeff")
-    try:
-        top = json.loads(text)
-    except ValueError as exc:
-        raise DatasetError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(top, list):
-        raise DatasetError(f"{path}: a ShareGPT file is a JSON list of conversations")
-    return [_Rejected(NOT_UTF8) if _undecodable(row) else row for row in top]
-
-
-def _undecodable(value: object) -> bool:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, dict):
-        return any(_undecodable(k) or _undecodable(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_undecodable(v) for v in value)
-    return False
-
-
-def _jsonl_rows(data: bytes) -> list[object]:
-    return [_jsonl_row(line) for line in data.split(b"\n") if line.strip()]
-
-
-def _jsonl_row(line: bytes) -> object:
-    # Each line decoded by itself, so a bad line costs that line only.
-    try:
-        text = line.decode("utf-8").lstrip("\ufeff")
-    except UnicodeDecodeError:
-        return _Rejected(NOT_UTF8)
-    try:
-        return json.loads(text)
-    except ValueError:
-        return _Rejected(NOT_JSON)
-
-
-def _hf_rows(path: Path, fmt: str) -> list[object]:
-    try:
-        import datasets as hf  # noqa: PLC0415  (an optional extra, and slow to import)
-    except ImportError as exc:
-        raise DatasetError(
-            f"reading {path} as {fmt} needs the Hugging Face datasets library: {INSTALL_HINT}"
-        ) from exc
-    bars = hf.is_progress_bar_enabled()
-    hf.disable_progress_bars()
-    # A throwaway cache: a benchmark must read the file as it is now, not a stale copy.
-    try:
-        with tempfile.TemporaryDirectory(prefix="harness-datasets-") as cache_dir:
-            table = hf.load_dataset(
-                fmt, data_files=str(path), split="train", cache_dir=cache_dir, keep_in_memory=True
-            )
-            return list(table.to_list())
-    except Exception as exc:  # the library's errors name no common base
-        raise DatasetError(f"the datasets library cannot read {path} as {fmt}: {exc}") from exc
-    finally:
-        if bars:
-            hf.enable_progress_bars()
 
 
 # -- turning a row into an entry ------------------------------------------------------------
 
 
-def _present(row: Mapping[str, Any], *keys: str) -> Any:
-    """The first of ``keys`` with a value: csv and parquet hold a missing one as None."""
-    for key in keys:
-        value = row.get(key)
-        if value is not None:
-            return value
-    return None
-
-
-def _turns_of(row: Mapping[str, Any]) -> tuple[Turns, bool]:
-    """The row's turns, and whether it was a plain prompt."""
-    conversation = _present(row, "conversations", "messages")
-    if conversation is not None:
-        return _turn_list(conversation), False
-    prompt = _present(row, "prompt")
-    if prompt is None:
-        raise _Rejected(MISSING_FIELD)
-    if not isinstance(prompt, str):
-        raise _Rejected(WRONG_TYPE)
-    return [("user", prompt)], True
-
-
-def _turn_list(value: object) -> Turns:
-    if isinstance(value, str):  # csv holds messages as a JSON string
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise _Rejected(NOT_JSON) from None
-    if not isinstance(value, list):
-        raise _Rejected(WRONG_TYPE)
-    return [_turn(item) for item in value]
-
-
-def _turn(item: object) -> tuple[str, str]:
-    if not isinstance(item, Mapping):
-        raise _Rejected(WRONG_TYPE)
-    role, content = _present(item, "from", "role"), _present(item, "value", "content")
-    if role is None or content is None:
-        raise _Rejected(MISSING_FIELD)
-    if not isinstance(role, str) or not isinstance(content, str):
-        raise _Rejected(WRONG_TYPE)
-    if role.strip().lower() not in ROLES:
-        raise _Rejected(UNKNOWN_ROLE)
-    return ROLES[role.strip().lower()], content
-
-
-def _split(turns: Turns) -> tuple[Turns, str | None]:
-    """History up to the last answered user turn, and its answer (module docstring)."""
-    users = [i for i, (role, _) in enumerate(turns) if role == "user"]
-    if not users:
-        raise _Rejected(NO_USER_TURN)
-    answered = [i for i in users if i + 1 < len(turns) and turns[i + 1][0] == "assistant"]
-    if answered:
-        return turns[: answered[-1] + 1], turns[answered[-1] + 1][1]
-    return turns[: users[-1] + 1], None
-
-
-def _output_tokens(row: Mapping[str, Any]) -> int | None:
-    value = _present(row, "output_tokens")
-    # csv columns with gaps come back as floats: 12.0 is 12
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-        return value
-    raise _Rejected(WRONG_TYPE)
-
-
-def _reference(row: Mapping[str, Any], reply: str | None) -> str | None:
-    """The row's own ``output``/``completion`` field, else the conversation's reply."""
-    field = _present(row, "output", "completion")
-    if field is not None and not isinstance(field, str):
-        raise _Rejected(WRONG_TYPE)
-    return reply if field is None else field
-
-
 def _entry(row: object, measure: Measure) -> Entry:
     if not isinstance(row, Mapping):
-        raise _Rejected(NOT_OBJECT)
-    turns, plain = _turns_of(row)
-    history, reply = _split(turns)
-    reference = _reference(row, reply)
-    out_tokens = _output_tokens(row)
+        raise Rejected(NOT_OBJECT)
+    turns, plain = turns_of(row)
+    history, reply = split_turns(turns)
+    reference = reference_reply(row, reply)
+    out_tokens = output_tokens(row)
     texts = [text for _, text in history] + ([] if reference is None else [reference])
     if any(not text.strip() for text in texts):
-        raise _Rejected(EMPTY_TURN)
+        raise Rejected(EMPTY_TURN)
     if out_tokens is None and reference is not None:
         out_tokens = measure(reference)
     entry = Entry(tuple(Message(r, c) for r, c in history), reference, out_tokens, plain)
@@ -406,10 +182,6 @@ def _entry(row: object, measure: Measure) -> Entry:
 
 def _words(text: str) -> int:
     return len(text.split())
-
-
-def _sha256(path: Path, data: bytes | None) -> str:
-    return hashlib.sha256(_read(path) if data is None else data).hexdigest()
 
 
 def _counts(rejected: Mapping[str, int]) -> str:
@@ -437,13 +209,7 @@ def load_dataset(
     fmt = fmt or detect_format(path)
     if fmt not in FORMATS:
         raise DatasetError(f"unknown dataset format {fmt!r} for {path}: one of {FORMATS}")
-    data = None if fmt in HF_FORMATS else _read(path)
-    if data is None:
-        rows = _hf_rows(path, fmt)
-    elif fmt == "sharegpt":
-        rows = _sharegpt_rows(path, data)
-    else:
-        rows = _jsonl_rows(data)
+    rows, data = read_rows(path, fmt)
     rows = dataset_images.extract(rows, path, fmt)  # image references: read and checked
     limit = max_input_tokens if count_tokens is not None else None
     entries, rejected = _collect(rows, count_tokens or _words, limit)
@@ -454,7 +220,7 @@ def load_dataset(
     return Dataset(
         name=path.name,
         path=path,
-        sha256=_sha256(path, data),
+        sha256=file_sha256(path, data),
         format=fmt,
         entries=tuple(entries),
         total=len(rows),
@@ -478,15 +244,15 @@ def _collect(
     return entries, rejected
 
 
-def _verdict(row: object, measure: Measure, limit: int | None) -> Entry | _Rejected:
-    if isinstance(row, _Rejected):  # rejected while reading: undecodable bytes, bad JSON
+def _verdict(row: object, measure: Measure, limit: int | None) -> Entry | Rejected:
+    if isinstance(row, Rejected):  # rejected while reading: undecodable bytes, bad JSON
         return row
     try:
         entry = _entry(row, measure)
-    except _Rejected as rejection:
+    except Rejected as rejection:
         return rejection
     if limit is not None and (entry.input_tokens or 0) > limit:
-        return _Rejected(TOO_LONG)
+        return Rejected(TOO_LONG)
     return entry
 
 
