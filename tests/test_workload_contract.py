@@ -8,8 +8,9 @@ not declare is refused before it runs); a typo in its headline fails the cell na
 path; the complete example of docs/writing-a-workload.md runs; the built-in workloads'
 declarations reproduce, on the committed golden runs, the reports their old records give.
 
-The toy's runs are in the fast loop: the quick profile's shortest valid window, four
-cells a run, in process (``--isolation=none``), about ten seconds in all.
+The toy's runs and the documented example's are in the fast loop: the quick profile's
+shortest valid window, four cells a run (two for the example), in process
+(``--isolation=none``), about ten and five seconds.
 """
 
 from __future__ import annotations
@@ -250,9 +251,14 @@ def doc_example() -> str:
     return marker.group(1)
 
 
-@pytest.mark.slow  # pytest runs of the null engine
 def test_the_documented_workload_runs_and_is_recommended(pytester, tmp_path, monkeypatch):
+    """It imports the harness through ``harness.api`` alone (the ``open_model`` fixture
+    comes from workloads/conftest.py, as it does for a file saved in workloads/), and
+    reaches the matrix, ``compare`` and ``recommend``."""
+    imported = re.findall(r"^(?:from|import) ([\w.]+)", doc_example(), re.M)
+    assert [m for m in imported if m.split(".")[0] in ("harness", "workloads")] == ["harness.api"]
     monkeypatch.setenv("HARNESS_CACHE_DIR", str(tmp_path / "cache"))
+    pytester.makeconftest('pytest_plugins = ["workloads.conftest"]')
     pytester.makepyfile(test_echo=doc_example())
     results = pytester.path / "runs"
     argv = (*NULL, "--slo=e2e_p99=1s", f"--results-dir={results}", "--isolation=none")
@@ -264,6 +270,9 @@ def test_the_documented_workload_runs_and_is_recommended(pytester, tmp_path, mon
     assert all(r.status is Status.OK and r.report_spec is not None for r in records)
     assert all(r.metrics["slo"]["e2e_p99"]["met"] for r in records)
     assert "## echo" in (run / "matrix.md").read_text()
+    code, text = harness("compare", run, run)
+    assert code == 0, text
+    assert "2 cell(s) compared" in text
     code, text = harness("recommend", run, "--slo", "e2e_p99=1s")
     assert code == 0, text
     assert "== echo rows=1 ==" in text

@@ -1,5 +1,6 @@
 """What the workloads share: the start-up checks of the user's ``--model``, ``--dim`` and
-``--images``, and the server the harness starts behind ``--engine=openai`` (vLLM, or
+``--images``, the ``open_model`` fixture (a tensor engine on ``--model`` or an embedded
+model), and the server the harness starts behind ``--engine=openai`` (vLLM, or
 ``transformers serve`` with ``--engine-opt openai.server=transformers``)."""
 
 from __future__ import annotations
@@ -9,14 +10,22 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.api import EngineError, RunSettings, UsageError, settings_of
+from harness.api import (
+    Cell,
+    EngineError,
+    OpenEngine,
+    RunSettings,
+    TensorEngine,
+    UsageError,
+    settings_of,
+)
 from workloads.lib import pipeline, usermodel
 from workloads.lib.generative import model_dir
 
@@ -76,6 +85,27 @@ def _check_images(settings: RunSettings) -> None:
             f"--images {settings.images}: {len(bad)} file(s) cannot be decoded by the"
             " reference decoder (PIL); remove or replace them:\n  " + "\n  ".join(bad)
         )
+
+
+OpenModel = Callable[..., TensorEngine]
+"""``open_model(name, batches=(1,))``: what the ``open_model`` fixture gives."""
+
+
+@pytest.fixture
+def open_model(open_engine: OpenEngine, cell: Cell, harness_settings: RunSettings) -> OpenModel:
+    """``open_model(name, batches=(1,))`` -> the cell's tensor engine, loaded with ``--model``
+    if one is given, else with the embedded model that stands for ``name`` (``"tiny-cnn"``)
+    in the run's ``--model-set`` (``workloads.lib.usermodel.open_model``); skips the cell
+    when the model's fixed batch dimension cannot take the ``batches`` sizes it sends. A
+    fixture, so that a workload of your own needs no import beyond ``harness.api``."""
+
+    def opened(name: str, batches: Collection[int] = (1,)) -> TensorEngine:
+        engine: TensorEngine = usermodel.open_model(
+            open_engine, cell, harness_settings, name, batches
+        )
+        return engine
+
+    return opened
 
 
 @dataclass(frozen=True)

@@ -14,27 +14,29 @@ import numpy as np
 import pytest
 
 from harness.api import (
-    BatchPolicy,
     Cell,
-    DynamicBatching,
     Headline,
     HistogramPlot,
     MonotonicClock,
-    NoBatching,
     OpenEngine,
     OpenLoop,
     PolicyCurvePlot,
     ProfileName,
     ReportSpec,
     RunSettings,
-    StaticBatching,
-    serve_open_loop,
     settings_of,
     stats,
-    summarize_trace,
 )
 from workloads.lib import inputs, reporting
 from workloads.lib.load import timed_batch
+from workloads.lib.loadgen import (
+    BatchPolicy,
+    DynamicBatching,
+    NoBatching,
+    StaticBatching,
+    serve_open_loop,
+    summarize_trace,
+)
 from workloads.lib.usermodel import open_model
 
 DISTINCT_INPUTS = 64

@@ -29,16 +29,14 @@ from harness.api import (
     MonotonicClock,
     OpenEngine,
     OpenLoop,
-    PoolDriver,
-    PoolTrace,
     Rate,
     ReportSpec,
     RunSettings,
     settings_of,
     slo_verdicts,
-    summarize_pooling,
 )
 from workloads.lib import embedding, reporting
+from workloads.lib.loadgen import PoolDriver, PoolTrace, summarize_pooling
 
 KINDS = ("embed", "score", "rerank")
 BATCHES = (1, 16)

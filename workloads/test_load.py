@@ -29,28 +29,13 @@ import numpy as np
 import pytest
 
 from harness.api import (
-    SLO,
-    Arrivals,
-    BatchPolicy,
     Cell,
-    DynamicBatching,
-    EarlyStopRule,
-    KneeRule,
-    NoBatching,
     OpenEngine,
     OpenLoop,
     ProfileName,
-    RateShape,
     ReportSpec,
     RunSettings,
-    Schedule,
-    SearchPolicy,
-    ShapedLoad,
-    capacity_search,
-    parse_slos,
     settings_of,
-    slos_on,
-    sweep,
 )
 from workloads.lib import inputs, reporting
 from workloads.lib.generative import load_source, model_dir, vocab_size
@@ -61,6 +46,23 @@ from workloads.lib.load import (
     finish_shape,
     finish_soak,
     finish_sweep,
+)
+from workloads.lib.loadgen import (
+    SLO,
+    Arrivals,
+    BatchPolicy,
+    DynamicBatching,
+    EarlyStopRule,
+    KneeRule,
+    NoBatching,
+    RateShape,
+    Schedule,
+    SearchPolicy,
+    ShapedLoad,
+    capacity_search,
+    parse_slos,
+    slos_on,
+    sweep,
 )
 from workloads.lib.usermodel import open_model
 

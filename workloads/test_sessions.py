@@ -30,12 +30,6 @@ from harness.api import (
     OpenLoop,
     ReportSpec,
     RunSettings,
-    Session,
-    SessionSpec,
-    Turn,
-    active_sessions,
-    run_sessions,
-    session_durations,
     settings_of,
     stats,
 )
@@ -49,6 +43,14 @@ from workloads.lib.generative import (
     read_counters,
     traffic_samples,
     watch_server,
+)
+from workloads.lib.loadgen import (
+    Session,
+    SessionSpec,
+    Turn,
+    active_sessions,
+    run_sessions,
+    session_durations,
 )
 from workloads.lib.prompts import (
     engine_context,

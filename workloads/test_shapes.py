@@ -34,11 +34,11 @@ from harness.api import (
     RunSettings,
     TensorEngine,
     TensorSpec,
-    gc_paused,
     settings_of,
     stats,
 )
 from workloads.lib import inputs, models, modelset
+from workloads.lib.loadgen import gc_paused
 from workloads.lib.usermodel import open_model
 
 EMBEDDED = ("tiny-encoder", "tiny-cnn-dynhw")  # as named in the tiny set (workloads.lib.modelset)

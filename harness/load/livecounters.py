@@ -5,12 +5,17 @@ no I/O, no allocation): a display thread samples ``LIVE`` about once a second an
 whatever the loop last wrote, which under the GIL is always a whole value. A loop
 starts a *window* (``begin_window``) before its first send, saying how long it plans to
 run and how many requests it plans to send, where it knows.
+
+The harness's load generators count for themselves. A workload that sends its own requests
+counts them in a ``counting`` window (``harness.api.counting``), or its progress line says
+"no requests counted".
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -139,3 +144,17 @@ LIVE = LoadCounter()
 def schedule_span(offsets: npt.NDArray[np.float64]) -> float:
     """How long a schedule of offsets (seconds from its start) plans to send for."""
     return float(np.max(offsets)) if offsets.size else 0.0
+
+
+@contextmanager
+def counting(
+    planned_s: float | None = None, planned_requests: int | None = None
+) -> Iterator[LoadCounter]:
+    """A measured window of the cell's live counters, for a loop of the workload's own:
+    it bumps ``sent``, ``completed`` and ``failed`` (and sets ``lag_s``, where requests
+    have a schedule) on the counter it is given; the progress line shows them."""
+    LIVE.begin_window(planned_s, planned_requests)
+    try:
+        yield LIVE
+    finally:
+        LIVE.end_window()

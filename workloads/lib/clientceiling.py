@@ -32,13 +32,13 @@ from harness.api import (
     GenerationRequest,
     MonotonicClock,
     OpenLoop,
-    Policy,
     RunSettings,
-    is_network_client,
-    noopserver,
     registry,
     stats,
 )
+from harness.load import noopserver
+from harness.load.clients import is_network_client
+from harness.metrics.validity import Policy
 
 LADDER = (100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0, 6400.0, 12800.0)
 """Up to past one client process's ceiling on this project's machines (about 10,000 streamed

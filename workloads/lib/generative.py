@@ -19,43 +19,41 @@ import pytest
 
 from engines import transformers_server, vllm_server
 from harness.api import (
-    AUTO_CLIENTS,
-    NO_EARLY_STOP_CLIENTS,
     Cell,
-    ClientsOn,
-    ClosedShare,
-    Deadlines,
     Driver,
-    EarlyStop,
     EngineConfig,
     EngineError,
-    ExposesCounters,
-    ExposesMetricsText,
     GenerationRequest,
     GenerativeEngine,
     Headline,
-    Launcher,
-    LocalProcesses,
     MonotonicClock,
     OpenEngine,
     OpenLoop,
-    OpenShare,
-    RayActors,
     RequestRecord,
     RunSettings,
-    Share,
-    SharedLoad,
-    SlowLog,
-    Watch,
-    adapters,
-    counter_delta,
-    merge_options,
-    open_loop_watched,
     registry,
-    run_shared,
-    servermetrics,
     summarize_stream,
 )
+from harness.dist.rayclients import RayActors
+from harness.engine import ExposesCounters, ExposesMetricsText, counter_delta
+from harness.load import adapters
+from harness.load.clients import (
+    ClosedShare,
+    Deadlines,
+    Launcher,
+    OpenShare,
+    Share,
+    SharedLoad,
+    run_shared,
+)
+from harness.load.localclients import LocalProcesses
+from harness.load.saturation import EarlyStop, Watch
+from harness.load.streamstop import NO_EARLY_STOP_CLIENTS, open_loop_watched
+from harness.metrics import servermetrics
+from harness.metrics.slowlog import SlowLog
+from harness.session.config import AUTO_CLIENTS
+from harness.session.execution import ClientsOn
+from harness.session.opening import merge_options
 from workloads.lib import clientceiling, features
 from workloads.lib.inputs import lengths
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.api import IMAGE_SUFFIXES, cache_root
+from harness.api import cache_root
+from harness.session.config import IMAGE_SUFFIXES
 
 SIZES = ((320, 240), (640, 480), (800, 600), (1024, 768), (480, 640), (1280, 720), (1920, 1080))
 LARGE = ((4032, 3024),)

@@ -1,10 +1,12 @@
-"""Seeded synthetic inputs built from a model's declared input specs.
+"""Synthetic inputs for the built-in workloads: seeded lengths, and requests for a tensor
+engine built from its declared input specs.
 
-Works for the embedded models and for a user's ``--model`` alike: float inputs are
-standard normal, integer inputs are ids in ``[0, int_high)``, inputs whose name contains
-``mask`` are 1 on real positions and 0 on padding. Dynamic dims other than the batch
-take their size from ``dims`` (``--dim NAME=SIZE``); a missing one is an error that says
-which flag to pass.
+The requests come from ``harness.engine.synthetic`` (exported as
+``harness.api.synthetic_inputs``, the same function a workload of your own calls):
+float inputs standard normal, integer inputs ids in ``[0, int_high)``, masks all ones,
+dynamic dims other than the batch sized by ``dims`` (``--dim NAME=SIZE``). This module
+adds what the built-in workloads need besides: lengths, batches stacked from single
+requests, and padding.
 """
 
 from __future__ import annotations
@@ -15,70 +17,27 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from harness.api import TensorSpec
+from harness.engine.contract import TensorSpec
+from harness.engine.synthetic import InputError, dim_key, dim_names, resolve_shape
+from harness.engine.synthetic import synthetic_inputs as synthesize
 
 Array = npt.NDArray[Any]
 
-
-class InputError(ValueError):
-    pass
+__all__ = [
+    "InputError",
+    "collate",
+    "dim_names",
+    "lengths",
+    "pad_to",
+    "resolve_shape",
+    "synthesize",
+]
 
 
 def lengths(rng: np.random.Generator, n: int, median: float, low: int, high: int) -> list[int]:
     """Seeded log-normal lengths around ``median`` (sigma 0.5), clipped to ``[low, high]``."""
     raw = rng.lognormal(np.log(median), 0.5, size=n)
     return [int(x) for x in np.clip(np.rint(raw), low, high)]
-
-
-def dim_names(specs: Sequence[TensorSpec]) -> list[str]:
-    """Names of the dynamic non-batch dims across all inputs, in first-seen order."""
-    names: dict[str, None] = {}
-    for spec in specs:
-        for i in spec.dynamic_dims:
-            if i == 0:
-                continue
-            d = spec.shape[i]
-            names[d if isinstance(d, str) else f"{spec.name}:{i}"] = None
-    return list(names)
-
-
-def resolve_shape(spec: TensorSpec, batch: int, dims: Mapping[str, int]) -> tuple[int, ...]:
-    shape: list[int] = []
-    for i, d in enumerate(spec.shape):
-        if isinstance(d, int) and d >= 0:
-            shape.append(d)
-        elif i == 0:
-            shape.append(batch)
-        else:
-            key = d if isinstance(d, str) else f"{spec.name}:{i}"
-            if key not in dims:
-                raise InputError(
-                    f"input {spec.name!r} has dynamic dimension {key!r} (shape {list(spec.shape)});"
-                    f" pass --dim {key}=SIZE"
-                )
-            shape.append(dims[key])
-    return tuple(shape)
-
-
-def synthesize(
-    specs: Sequence[TensorSpec],
-    dims: Mapping[str, int],
-    rng: np.random.Generator,
-    batch: int = 1,
-    int_high: int = 100,
-) -> dict[str, Array]:
-    out: dict[str, Array] = {}
-    for spec in specs:
-        shape = resolve_shape(spec, batch, dims)
-        if "mask" in spec.name.lower():
-            out[spec.name] = np.ones(shape, dtype=spec.dtype)
-        elif np.issubdtype(spec.dtype, np.integer):
-            out[spec.name] = rng.integers(0, int_high, size=shape).astype(spec.dtype)
-        elif spec.dtype == np.bool_:
-            out[spec.name] = np.ones(shape, dtype=np.bool_)
-        else:
-            out[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
-    return out
 
 
 def collate(items: Sequence[Mapping[str, Array]]) -> dict[str, Array]:
@@ -97,8 +56,7 @@ def pad_to(
         for i in spec.dynamic_dims:
             if i == 0:
                 continue
-            d = spec.shape[i]
-            key = d if isinstance(d, str) else f"{spec.name}:{i}"
+            key = dim_key(spec, i)
             if key in target:
                 extra = target[key] - arr.shape[i]
                 if extra < 0:

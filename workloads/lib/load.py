@@ -17,38 +17,29 @@ import numpy as np
 import numpy.typing as npt
 
 from harness.api import (
-    DRIFTED,
-    SLO,
-    BatchPolicy,
-    CapacityResult,
     Cell,
-    Clock,
-    EarlyStop,
-    EarlyStopRule,
     EngineError,
     Evidence,
     Headline,
     MonotonicClock,
-    NoBatching,
     OpenLoop,
-    Point,
     RunSettings,
-    Schedule,
-    SlowLog,
-    Stop,
-    SweepResult,
-    Telemetry,
     TensorEngine,
-    Verdict,
-    Watch,
-    device_spans,
-    judge,
-    serve_open_loop,
     stats,
     summarize_stream,
-    summarize_trace,
-    with_early_stop,
 )
+from harness.engine import device_spans
+from harness.load.arrivals import Schedule
+from harness.load.capacity import CapacityResult, Point, Stop, SweepResult
+from harness.load.clock import Clock
+from harness.load.saturation import EarlyStop, EarlyStopRule, Watch
+from harness.load.serve_summary import summarize_trace
+from harness.load.serving import BatchPolicy, NoBatching, serve_open_loop
+from harness.load.streamstop import with_early_stop
+from harness.metrics.slo import SLO
+from harness.metrics.slowlog import SlowLog
+from harness.metrics.telemetry import Telemetry
+from harness.metrics.validity import DRIFTED, Verdict, judge
 from workloads.lib import inputs
 from workloads.lib.generative import LoadSource, Sent, make_requests
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.api import ModelSet, RunSettings
+from harness.api import RunSettings
+from harness.session.config import ModelSet
 from workloads.lib import models, refmodels
 from workloads.lib.models import EmbeddedModel
 

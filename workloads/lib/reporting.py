@@ -8,16 +8,9 @@ Each workload declares its own ``ReportSpec`` beside its test function, with
 
 from __future__ import annotations
 
-from harness.api import (
-    SERVED_LATENCIES,
-    STREAM_LATENCIES,
-    CdfPlot,
-    Latency,
-    LoadCurvePlot,
-    LoadSearch,
-    Rate,
-    TrafficPlot,
-)
+from harness.api import CdfPlot, Latency, LoadCurvePlot, LoadSearch, Rate, TrafficPlot
+from harness.load.serve_summary import SERVED_LATENCIES
+from harness.metrics.streamtiming import STREAM_LATENCIES
 
 REQUESTS = Rate(
     metric="throughput.requests_per_s",
