@@ -1,6 +1,6 @@
 """Telemetry: what the sampler records, and a throttling GPU (a fake NVML) as a warning."""
 
-import numpy as np
+import mmap
 
 from harness.metrics.telemetry import Nvml, Series, Telemetry, summarize
 
@@ -31,19 +31,22 @@ class FakeNvml(Nvml):
 def test_cpu_and_memory_of_the_work_are_seen():
     sampler = Telemetry(interval_s=0.05)
     sampler.start()
-    # 2 x 40 MiB, touched: above glibc's largest mmap threshold (32 MiB), so each is a fresh
-    # mapping and RSS grows by it even when earlier tests left freed heap to reuse
-    keep = [np.ones(2**20 * 40, dtype=np.uint8) for _ in range(2)]
+    # 80 MiB of fresh anonymous pages, every page written: RSS grows by them whatever the
+    # allocator kept from earlier tests in this worker (2 x 40 MiB of np.ones once read
+    # an RSS drift of exactly 0 in the whole suite, and never alone)
+    keep = mmap.mmap(-1, 80 * 2**20)
+    for offset in range(0, len(keep), mmap.PAGESIZE):
+        keep[offset] = 1
     x = 0.0
     for i in range(3_000_000):  # ~0.3 s of pure-Python CPU work
         x += i
     out = sampler.stop()
     assert sampler.stop() is out  # idempotent
     assert len(out["series"]["t"]) >= 3
-    assert out["summary"]["rss_drift_bytes"] >= 64 * 2**20
+    assert out["summary"]["rss_drift_bytes"] >= 64 * 2**20, out["series"]["rss_bytes"]
     assert out["summary"]["cpu_user_pct_mean"] > 10
     assert len(out["series"]["cpu_user_pct"]) == len(out["series"]["t"]) - 1
-    del keep
+    keep.close()
 
 
 def test_the_gpu_part_is_a_device_table_or_absent_with_the_reason():
